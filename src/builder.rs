@@ -1,0 +1,170 @@
+//! Store configuration: one builder, every default in its doc.
+
+use crate::clock::{Clock, SystemClock};
+use crate::error::Result;
+use crate::record::MAX_RESPONSE_LIMIT;
+use crate::store::Store;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What a claim does with a stale claim (an in-progress record whose lease ran out).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum StalePolicy {
+    /// The next claim with the same fingerprint takes the key over: it gets
+    /// [`crate::Claim::Acquired`] with a ticket whose [`crate::Ticket::takeover`] describes the
+    /// abandoned attempt, so the handler reconciles downstream before repeating the side
+    /// effect. The abandoned ticket's later `complete` fails with `LeaseLost`. The default.
+    #[default]
+    TakeOver,
+    /// Stale claims stay in progress (claims answer `InProgress`) until
+    /// [`crate::Store::reap`] resolves them. For side effects that must never run twice without
+    /// a human or a reconciler deciding.
+    Keep,
+}
+
+/// Settings the store runs with.
+#[derive(Debug, Clone)]
+pub(crate) struct Config {
+    pub(crate) ttl: Duration,
+    pub(crate) lease: Duration,
+    pub(crate) retry_after: Duration,
+    pub(crate) stale_policy: StalePolicy,
+    pub(crate) max_response_bytes: usize,
+    pub(crate) stripes: usize,
+    pub(crate) clock: Arc<dyn Clock>,
+}
+
+/// Configures and opens a [`Store`].
+///
+/// ```
+/// use std::time::Duration;
+/// let dir = tempfile::tempdir()?;
+/// let store = idemdb::Store::builder()
+///     .ttl(Duration::from_secs(48 * 3600))
+///     .lease(Duration::from_secs(90))
+///     .stale_policy(idemdb::StalePolicy::Keep)
+///     .open(dir.path().join("payments.idem"))?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone)]
+#[must_use]
+pub struct StoreBuilder {
+    config: Config,
+}
+
+impl Default for StoreBuilder {
+    fn default() -> Self {
+        StoreBuilder {
+            config: Config {
+                ttl: Duration::from_secs(24 * 3600),
+                lease: Duration::from_secs(60),
+                retry_after: Duration::from_secs(1),
+                stale_policy: StalePolicy::TakeOver,
+                max_response_bytes: 1 << 20,
+                stripes: 64,
+                clock: Arc::new(SystemClock),
+            },
+        }
+    }
+}
+
+impl StoreBuilder {
+    /// How long a completed record is replayed, counted from its completion. Default: 24 hours.
+    /// Clients' retry windows must fit inside it: a retry after the TTL executes again.
+    ///
+    /// # Panics
+    /// If `ttl` is zero.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        assert!(!ttl.is_zero(), "ttl must be positive");
+        self.config.ttl = ttl;
+        self
+    }
+
+    /// How long a claim is held before it is stale, unless [`Store::extend`] renews it.
+    /// Default: 60 seconds, well above the p99.9 of a payment-provider call with its own
+    /// timeouts and retries, yet short enough that a crashed attempt's key frees within a
+    /// minute.
+    ///
+    /// # Panics
+    /// If `lease` is zero.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        assert!(!lease.is_zero(), "lease must be positive");
+        self.config.lease = lease;
+        self
+    }
+
+    /// The hint [`crate::Claim::InProgress`] carries (capped by the holder's remaining lease).
+    /// Default: 1 second.
+    pub fn retry_after(mut self, hint: Duration) -> Self {
+        self.config.retry_after = hint;
+        self
+    }
+
+    /// What claims do with stale claims. Default: [`StalePolicy::TakeOver`].
+    pub fn stale_policy(mut self, policy: StalePolicy) -> Self {
+        self.config.stale_policy = policy;
+        self
+    }
+
+    /// The largest response (status, headers and body, as encoded) `complete` accepts.
+    /// Default: 1 MiB.
+    ///
+    /// # Panics
+    /// If `limit` exceeds 64 MiB ([`crate::MAX_RESPONSE_LIMIT`]), which bounds what a damaged
+    /// file can make the decoder allocate.
+    pub fn max_response_bytes(mut self, limit: usize) -> Self {
+        assert!(
+            limit <= MAX_RESPONSE_LIMIT,
+            "max_response_bytes is at most {MAX_RESPONSE_LIMIT}"
+        );
+        self.config.max_response_bytes = limit;
+        self
+    }
+
+    /// The number of index lock stripes. Default: 64.
+    ///
+    /// # Panics
+    /// If `stripes` is not a power of two, or above 65536.
+    pub fn stripes(mut self, stripes: usize) -> Self {
+        assert!(
+            stripes.is_power_of_two() && stripes <= 1 << 16,
+            "stripes must be a power of two up to 65536"
+        );
+        self.config.stripes = stripes;
+        self
+    }
+
+    /// The clock leases and TTLs read. Default: [`SystemClock`]. Tests pass a
+    /// [`crate::ManualClock`].
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.config.clock = Arc::new(clock);
+        self
+    }
+
+    /// Opens the store at `path`, creating it (and fsyncing its directory) if it does not exist,
+    /// and rebuilds the index from it.
+    ///
+    /// # Errors
+    /// [`crate::Error::AlreadyOpen`] if another `Store` has the file open;
+    /// [`crate::Error::Corrupted`] if any record fails its checksum;
+    /// [`crate::Error::UnsupportedFormat`] for a file of another format version;
+    /// [`crate::Error::Io`] for the operating system's errors.
+    pub fn open(self, path: impl AsRef<Path>) -> Result<Store> {
+        Store::open_with(self.config, path.as_ref())
+    }
+
+    /// A store held in memory only, for tests: same semantics, nothing survives the process.
+    ///
+    /// # Errors
+    /// Only if the storage engine fails to initialise, which it does not in memory.
+    pub fn in_memory(self) -> Result<Store> {
+        Store::in_memory_with(self.config)
+    }
+
+    #[cfg(any(test, fuzzing))]
+    pub(crate) fn open_backend(self, backend: impl redb::StorageBackend) -> Result<Store> {
+        Store::backend_with(self.config, backend)
+    }
+}

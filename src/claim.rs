@@ -1,0 +1,162 @@
+//! What a claim returns, and the ticket that proves a claim is held.
+
+use crate::fingerprint::Fingerprint;
+use crate::index::IndexKey;
+use crate::response::Response;
+use crate::sync::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime};
+
+/// The outcome of [`crate::Store::claim`]. Every variant is an expected answer, not an error.
+///
+/// | variant | HTTP | what the caller does |
+/// | --- | --- | --- |
+/// | `Acquired` | — | run the side effect, then `complete` (or `release`) the ticket |
+/// | `Replay` | stored status | return the stored response unchanged |
+/// | `InProgress` | 409 + `Retry-After` | tell the client to retry later |
+/// | `Mismatch` | 422 | the key was reused for a different request |
+#[derive(Debug)]
+#[must_use = "a claim that is ignored leaves the key in progress until its lease runs out"]
+pub enum Claim {
+    /// The key is now held by this caller, durably: the in-progress record was fsynced before
+    /// `claim` returned.
+    Acquired(Ticket),
+    /// The key was completed with the same fingerprint; here is the stored response, byte for
+    /// byte as it was stored.
+    Replay(Response),
+    /// Another attempt holds the key (or its completion is being made durable).
+    InProgress {
+        /// How long to wait before retrying: the store's `retry_after` hint, capped by what is
+        /// left of the holder's lease.
+        retry_after: Duration,
+        /// What is left of the holder's lease (zero when it ran out and the stale policy is
+        /// [`crate::StalePolicy::Keep`]).
+        lease_remaining: Duration,
+    },
+    /// The key is held or completed for a request with another fingerprint. Nothing changed.
+    Mismatch {
+        /// Whether the existing record is completed (`true`) or in progress.
+        completed: bool,
+    },
+}
+
+/// Proof that the caller holds a claim: pass it to [`crate::Store::complete`] or
+/// [`crate::Store::release`].
+///
+/// A ticket carries a fencing token ([`Ticket::fence`]) that no other ticket of this store ever
+/// carries, not even across restarts. Once the claim is released, completed, reaped or taken
+/// over, operations with this ticket fail with [`crate::Error::LeaseLost`]. A ticket is only
+/// valid in the `Store` (and process) that issued it: after a reopen, the claim it held is an
+/// orphan that [`crate::Store::reap`] resolves.
+///
+/// Dropping a ticket does nothing: the claim stays in progress until its lease runs out, exactly
+/// as if the process had crashed.
+#[derive(Debug)]
+#[must_use = "dropping a ticket leaves the key in progress until its lease runs out"]
+pub struct Ticket {
+    pub(crate) store: u64,
+    pub(crate) key: IndexKey,
+    pub(crate) fence: u64,
+    pub(crate) fingerprint: Fingerprint,
+    pub(crate) claimed_at: u64,
+    pub(crate) lease_until: AtomicU64,
+    pub(crate) takeover: Option<Takeover>,
+}
+
+impl Ticket {
+    /// The fencing token: unique in this store, and larger than every token issued before it.
+    /// Pass it downstream (for example as a column a conditional update compares) so a stale
+    /// holder's late writes can be refused there too.
+    pub fn fence(&self) -> u64 {
+        self.fence
+    }
+
+    /// `Some` when this claim took over an abandoned attempt whose lease ran out: the side effect
+    /// may already have happened, so reconcile with the downstream system before repeating it.
+    pub fn takeover(&self) -> Option<&Takeover> {
+        self.takeover.as_ref()
+    }
+
+    /// The fingerprint the key was claimed with.
+    pub fn fingerprint(&self) -> Fingerprint {
+        self.fingerprint
+    }
+
+    /// When the lease runs out unless [`crate::Store::extend`] renews it.
+    pub fn lease_deadline(&self) -> SystemTime {
+        crate::clock::from_millis(self.lease_until.load(Ordering::Relaxed))
+    }
+}
+
+/// The abandoned attempt a takeover replaced.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Takeover {
+    /// The fence of the abandoned claim.
+    pub previous_fence: u64,
+    /// When the abandoned claim was acquired.
+    pub previous_claimed_at: SystemTime,
+    /// Whether the abandoned claim was left by a previous process (found when the store opened).
+    pub orphan: bool,
+}
+
+/// A claim whose lease ran out, or that a previous process left behind, as handed to the
+/// resolver of [`crate::Store::reap`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StaleClaim {
+    /// The scope the key belongs to.
+    pub scope: crate::Scope,
+    /// The idempotency key.
+    pub key: String,
+    /// The fence of the stale claim.
+    pub fence: u64,
+    /// The fingerprint it was claimed with.
+    pub fingerprint: Fingerprint,
+    /// When it was claimed.
+    pub claimed_at: SystemTime,
+    /// When its lease ran out (or runs out, for an orphan).
+    pub lease_deadline: SystemTime,
+    /// Left by a previous process: its holder is gone whatever its lease says.
+    pub orphan: bool,
+}
+
+/// What a reap resolver decided for one [`StaleClaim`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Resolution {
+    /// The side effect did not happen (or was undone): delete the claim so a retry executes.
+    Release,
+    /// The side effect happened: store this response, so retries replay it.
+    Complete(Response),
+    /// Undecided: leave the claim in progress, to be offered again on the next reap.
+    Keep,
+}
+
+/// A record as [`crate::Store::get`] shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    /// The fence of the claim that wrote it.
+    pub fence: u64,
+    /// The fingerprint it was claimed with.
+    pub fingerprint: Fingerprint,
+    /// When it was claimed.
+    pub claimed_at: SystemTime,
+    /// Its state.
+    pub state: EntryState,
+}
+
+/// The state part of an [`Entry`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EntryState {
+    /// Claimed and not finished.
+    InProgress {
+        /// When the lease runs out.
+        lease_deadline: SystemTime,
+        /// Left by a previous process.
+        orphan: bool,
+    },
+    /// Finished.
+    Completed {
+        /// When the record stops being replayed.
+        expires_at: SystemTime,
+        /// The stored response.
+        response: Response,
+    },
+}

@@ -1,0 +1,268 @@
+//! The crate's error type. Expected outcomes of a claim (replay, in progress, mismatch) are not
+//! errors: they are variants of [`crate::Claim`]. `Err` means something went wrong.
+
+use std::fmt;
+
+/// A `Result` whose error defaults to [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in idemdb. Each variant's `Display` says what to do next.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Error {
+    /// The idempotency key is empty, longer than 255 bytes, or holds a byte outside visible
+    /// ASCII (0x21..=0x7E). Nothing was stored.
+    InvalidKey {
+        /// Why the key was refused.
+        reason: InputProblem,
+    },
+    /// The tenant or endpoint of a [`crate::Scope`] is empty or too long. Nothing was stored.
+    InvalidScope {
+        /// Which part of the scope was refused: `"tenant"` or `"endpoint"`.
+        part: &'static str,
+        /// Why it was refused.
+        reason: InputProblem,
+    },
+    /// The ticket's claim is no longer held by it: it was released, completed, reaped, purged or
+    /// taken over by a later claim (a newer fence). Nothing was changed.
+    LeaseLost {
+        /// The fence of the ticket that was refused.
+        fence: u64,
+    },
+    /// The encoded response is larger than the store's limit
+    /// ([`crate::StoreBuilder::max_response_bytes`]). Nothing was stored; the claim is still
+    /// held by the ticket.
+    ResponseTooLarge {
+        /// The encoded size of the response, in bytes.
+        size: usize,
+        /// The configured limit, in bytes.
+        limit: usize,
+    },
+    /// A record in the store file failed its checksum or could not be decoded. The store
+    /// refuses to open rather than drop a completed record (which could repeat a payment).
+    Corrupted {
+        /// The scoped key of the damaged record, with non-printable bytes escaped, or a
+        /// description of the damaged place when no key applies.
+        key: String,
+        /// What was wrong with it.
+        reason: String,
+    },
+    /// The file was written by an idemdb whose on-disk format this version does not read.
+    UnsupportedFormat {
+        /// The format version found in the file.
+        found: u64,
+        /// The format version this build reads and writes.
+        supported: u64,
+    },
+    /// Another `Store` (in this or another process) has the file open.
+    AlreadyOpen,
+    /// An earlier commit failed to reach the disk. The store stopped accepting operations so
+    /// that nothing it answers can disagree with what the disk holds.
+    Halted {
+        /// What the failed commit reported.
+        cause: String,
+    },
+    /// An I/O error from the operating system.
+    Io(std::io::Error),
+    /// An error from the storage engine (redb) that is not a plain I/O error.
+    Storage(StorageError),
+}
+
+/// Why a piece of caller input was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum InputProblem {
+    /// It was empty.
+    Empty,
+    /// It was longer than the limit.
+    TooLong {
+        /// Its length in bytes.
+        len: usize,
+        /// The largest length accepted.
+        max: usize,
+    },
+    /// It held a byte outside the accepted range.
+    BadByte {
+        /// The offending byte.
+        byte: u8,
+        /// Its position.
+        at: usize,
+    },
+}
+
+impl fmt::Display for InputProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            InputProblem::Empty => write!(f, "it is empty"),
+            InputProblem::TooLong { len, max } => {
+                write!(f, "it is {len} bytes long, the limit is {max}")
+            }
+            InputProblem::BadByte { byte, at } => {
+                write!(f, "byte {at} is 0x{byte:02x}, outside the accepted range")
+            }
+        }
+    }
+}
+
+/// An error reported by the storage engine underneath idemdb (redb), kept opaque so that
+/// idemdb's public API does not depend on redb's.
+#[derive(Debug)]
+pub struct StorageError(pub(crate) Box<dyn std::error::Error + Send + Sync>);
+
+impl fmt::Display for StorageError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for StorageError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&*self.0)
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::InvalidKey { reason } => write!(
+                f,
+                "invalid idempotency key ({reason}): send 1 to 255 bytes of visible ASCII \
+                 (0x21..=0x7E), such as a UUID"
+            ),
+            Error::InvalidScope { part, reason } => write!(
+                f,
+                "invalid scope {part} ({reason}): pass a non-empty {part} within the documented \
+                 bound"
+            ),
+            Error::LeaseLost { fence } => write!(
+                f,
+                "the claim with fence {fence} is no longer held (released, completed, reaped or \
+                 taken over): do not store this result; reconcile with the current holder"
+            ),
+            Error::ResponseTooLarge { size, limit } => write!(
+                f,
+                "response of {size} bytes exceeds the store's limit of {limit} bytes: store a \
+                 smaller response or raise max_response_bytes; the claim is still held"
+            ),
+            Error::Corrupted { key, reason } => write!(
+                f,
+                "store file is corrupted at record {key}: {reason}; restore the file from a \
+                 backup or inspect it before reopening"
+            ),
+            Error::UnsupportedFormat { found, supported } => write!(
+                f,
+                "store file has format version {found}, this build reads version {supported}: \
+                 open it with a matching idemdb version"
+            ),
+            Error::AlreadyOpen => write!(
+                f,
+                "the store file is already open in another Store or process: share one Store \
+                 (it is cheap to clone) instead of opening the file twice"
+            ),
+            Error::Halted { cause } => write!(
+                f,
+                "the store halted after a failed commit ({cause}): nothing after that failure \
+                 was acknowledged; drop every handle and reopen the store"
+            ),
+            Error::Io(e) => write!(f, "I/O error: {e}; check the disk and reopen the store"),
+            Error::Storage(e) => write!(f, "storage engine error: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::Io(e) => Some(e),
+            Error::Storage(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl From<std::io::Error> for Error {
+    fn from(e: std::io::Error) -> Self {
+        Error::Io(e)
+    }
+}
+
+fn storage(e: impl std::error::Error + Send + Sync + 'static) -> Error {
+    Error::Storage(StorageError(Box::new(e)))
+}
+
+impl From<redb::StorageError> for Error {
+    fn from(e: redb::StorageError) -> Self {
+        match e {
+            redb::StorageError::Io(io) => Error::Io(io),
+            redb::StorageError::Corrupted(reason) => Error::Corrupted {
+                key: "(redb page structure)".into(),
+                reason,
+            },
+            other => storage(other),
+        }
+    }
+}
+
+impl From<redb::DatabaseError> for Error {
+    fn from(e: redb::DatabaseError) -> Self {
+        match e {
+            redb::DatabaseError::DatabaseAlreadyOpen => Error::AlreadyOpen,
+            redb::DatabaseError::Storage(s) => s.into(),
+            other => storage(other),
+        }
+    }
+}
+
+impl From<redb::TransactionError> for Error {
+    fn from(e: redb::TransactionError) -> Self {
+        match e {
+            redb::TransactionError::Storage(s) => s.into(),
+            other => storage(other),
+        }
+    }
+}
+
+impl From<redb::TableError> for Error {
+    fn from(e: redb::TableError) -> Self {
+        match e {
+            redb::TableError::Storage(s) => s.into(),
+            other => storage(other),
+        }
+    }
+}
+
+impl From<redb::CommitError> for Error {
+    fn from(e: redb::CommitError) -> Self {
+        match e {
+            redb::CommitError::Storage(s) => s.into(),
+            other => storage(other),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn display_says_what_to_do() {
+        let e = Error::InvalidKey {
+            reason: InputProblem::TooLong { len: 300, max: 255 },
+        };
+        let s = e.to_string();
+        assert!(s.contains("300 bytes"), "{s}");
+        assert!(s.contains("visible ASCII"), "{s}");
+        let e = Error::Halted {
+            cause: "disk full".into(),
+        };
+        assert!(e.to_string().contains("reopen"));
+    }
+
+    #[test]
+    fn io_errors_keep_their_source() {
+        use std::error::Error as _;
+        let e = Error::from(std::io::Error::other("boom"));
+        assert!(e.source().is_some());
+        assert!(matches!(e, Error::Io(_)));
+    }
+}

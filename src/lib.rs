@@ -1,0 +1,60 @@
+//! idemdb: an embedded, crash-safe idempotency-key store.
+//!
+//! A client that times out cannot tell "never happened" from "happened, response lost". It
+//! retries with the same idempotency key, and idemdb makes that retry safe: the key is
+//! **claimed** durably before the side effect runs, the whole response is **completed** into the
+//! store, and every later attempt **replays** it byte for byte. A concurrent duplicate learns
+//! the key is in progress (HTTP 409); a reused key with a different request is a mismatch
+//! (HTTP 422). Keys are scoped by (tenant, endpoint, key), expire after a TTL (24 h by default),
+//! and claims abandoned by a crash are handed to a reaper.
+//!
+//! ```
+//! use idemdb::{Claim, Fingerprint, Response, Scope, Store};
+//! let dir = tempfile::tempdir()?;
+//! let store = Store::open(dir.path().join("payments.idem"))?;
+//! let scope = Scope::new("tenant_42", "POST /v1/payments");
+//! let body = br#"{"amount":5000,"currency":"usd"}"#;
+//! let response = match store.claim(&scope, "7c9e6679-7425-40de-944b", Fingerprint::of(body))? {
+//!     Claim::Acquired(ticket) => {
+//!         let response = Response::new(201, r#"{"id":"pay_1"}"#)
+//!             .with_header("content-type", "application/json");
+//!         store.complete(ticket, response.clone())?; // durable before it returns
+//!         response
+//!     }
+//!     Claim::Replay(stored) => stored,                 // byte for byte
+//!     Claim::InProgress { retry_after, .. } => todo!("409, Retry-After: {retry_after:?}"),
+//!     Claim::Mismatch { .. } => todo!("422"),
+//! };
+//! assert_eq!(response.status(), 201);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! See `docs/design.md` for the architecture and the crash-recovery argument, and
+//! `docs/format.md` for the on-disk format.
+
+mod builder;
+mod claim;
+mod clock;
+mod commit;
+mod disk;
+mod error;
+mod fingerprint;
+mod index;
+mod maintenance;
+mod record;
+mod response;
+mod scope;
+mod stats;
+mod store;
+mod sync;
+
+pub use builder::{StalePolicy, StoreBuilder};
+pub use claim::{Claim, Entry, EntryState, Resolution, StaleClaim, Takeover, Ticket};
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use error::{Error, InputProblem, Result, StorageError};
+pub use fingerprint::{Fingerprint, FingerprintBuilder};
+pub use record::MAX_RESPONSE_LIMIT;
+pub use response::Response;
+pub use scope::{validate_key, Scope, MAX_ENDPOINT_LEN, MAX_KEY_LEN, MAX_TENANT_LEN};
+pub use stats::Stats;
+pub use store::Store;

@@ -1,0 +1,224 @@
+//! Reaping stale claims and purging expired records. Both run on demand: call them from a
+//! timer of your own (for example every few seconds for `reap`, every minute for `purge`).
+
+use crate::claim::{Resolution, StaleClaim};
+use crate::clock::{duration_millis, from_millis};
+use crate::commit::Seq;
+use crate::disk::{self, Op};
+use crate::error::{Error, Result};
+use crate::index::{IndexKey, Slot, SlotState};
+use crate::record::{response_size, Record, RecordState};
+use crate::scope::split_scoped_key;
+use crate::stats::Counters;
+use crate::store::Store;
+
+/// How many expiry entries one purge round reads at a time.
+const PURGE_CHUNK: usize = 4096;
+
+impl Store {
+    /// Hands every stale claim to `resolver` and applies its decision: claims whose lease ran
+    /// out, and every claim a previous process left (an orphan, stale at once whatever its
+    /// lease says, since its holder is gone). Returns how many were released or completed.
+    ///
+    /// Reaping is how a crash between the side effect and `complete` is repaired: the resolver
+    /// asks the downstream system whether the effect happened (complete with the response it
+    /// should have had) or not (release, so the retry executes).
+    ///
+    /// ```
+    /// use idemdb::{Claim, Fingerprint, ManualClock, Resolution, Scope, Store};
+    /// use std::time::Duration;
+    /// let clock = ManualClock::new();
+    /// let store = Store::builder().lease(Duration::from_secs(60)).clock(clock.clone()).in_memory()?;
+    /// let scope = Scope::new("t", "POST /x");
+    /// let Claim::Acquired(ticket) = store.claim(&scope, "k1", Fingerprint::of(b"x"))? else { panic!() };
+    /// drop(ticket); // as if the handler crashed
+    /// clock.advance(Duration::from_secs(61));
+    /// let resolved = store.reap(|stale| {
+    ///     assert_eq!(stale.key, "k1");
+    ///     Resolution::Release
+    /// })?;
+    /// assert_eq!(resolved, 1);
+    /// assert!(matches!(store.claim(&scope, "k1", Fingerprint::of(b"x"))?, Claim::Acquired(_)));
+    /// # Ok::<(), idemdb::Error>(())
+    /// ```
+    ///
+    /// # Concurrency
+    /// The resolver runs with no lock held, so it may take its time and may call the store. A
+    /// claim that changes while the resolver runs (taken over, extended, completed) is left as
+    /// it is and not counted. The holder of a reaped claim gets [`Error::LeaseLost`] from its
+    /// next `complete`, `release` or `extend`.
+    ///
+    /// # Errors
+    /// [`Error::ResponseTooLarge`] if the resolver returns an oversize response (claims resolved
+    /// before it stay resolved and durable); [`Error::Halted`] / [`Error::Io`] if a commit fails.
+    pub fn reap(&self, mut resolver: impl FnMut(&StaleClaim) -> Resolution) -> Result<usize> {
+        let inner = &*self.inner;
+        inner.pipeline.check()?;
+        let now = self.now();
+        let mut stale: Vec<(IndexKey, Slot)> = Vec::new();
+        for stripe in inner.index.stripes() {
+            stale.extend(
+                stripe
+                    .iter()
+                    .filter(|(_, slot)| match slot.state {
+                        SlotState::InProgress {
+                            lease_until,
+                            orphan,
+                        } => orphan || now >= lease_until,
+                        SlotState::Completed { .. } => false,
+                    })
+                    .map(|(k, slot)| (k.clone(), slot.clone())),
+            );
+        }
+        let mut resolved = 0;
+        let mut last: Option<Seq> = None;
+        let mut failure = None;
+        let mut completed = Vec::new();
+        for (key, slot) in stale {
+            let Some((scope, key_str)) = split_scoped_key(&key.bytes) else {
+                continue;
+            };
+            let SlotState::InProgress {
+                lease_until,
+                orphan,
+            } = slot.state
+            else {
+                continue;
+            };
+            let claim = StaleClaim {
+                scope,
+                key: key_str,
+                fence: slot.fence,
+                fingerprint: slot.fingerprint,
+                claimed_at: from_millis(slot.claimed_at),
+                lease_deadline: from_millis(lease_until),
+                orphan,
+            };
+            let (op, new_state) = match resolver(&claim) {
+                Resolution::Keep => continue,
+                Resolution::Release => (
+                    Op::Delete {
+                        key: key.bytes.clone(),
+                        expiry_remove: None,
+                    },
+                    None,
+                ),
+                Resolution::Complete(response) => {
+                    let size = response_size(&response);
+                    if size > inner.config.max_response_bytes {
+                        failure = Some(Error::ResponseTooLarge {
+                            size,
+                            limit: inner.config.max_response_bytes,
+                        });
+                        break;
+                    }
+                    let now = self.now();
+                    let expires_at = now.saturating_add(duration_millis(inner.config.ttl));
+                    let record = Record {
+                        fence: slot.fence,
+                        fingerprint: *slot.fingerprint.as_bytes(),
+                        claimed_at: slot.claimed_at,
+                        state: RecordState::Completed {
+                            completed_at: now,
+                            expires_at,
+                            response: response.into(),
+                        },
+                    };
+                    let value = record.encode(&key.bytes);
+                    (
+                        Op::Put {
+                            key: key.bytes.clone(),
+                            value,
+                            fence: slot.fence,
+                            expiry_add: Some(expires_at),
+                            expiry_remove: None,
+                        },
+                        Some(SlotState::Completed {
+                            expires_at,
+                            durable: false,
+                        }),
+                    )
+                }
+            };
+            let mut stripe = inner.index.lock(&key);
+            // Only the claim the resolver saw: same fence, still in progress, still stale.
+            let unchanged = stripe
+                .get(&key)
+                .is_some_and(|s| s.fence == slot.fence && s.state == slot.state);
+            if !unchanged {
+                continue;
+            }
+            last = Some(inner.pipeline.enqueue(op)?);
+            match new_state {
+                None => {
+                    stripe.remove(&key);
+                }
+                Some(state) => {
+                    stripe.get_mut(&key).expect("checked above").state = state;
+                    drop(stripe);
+                    completed.push((key, slot.fence));
+                }
+            }
+            resolved += 1;
+        }
+        if let Some(seq) = last {
+            inner.pipeline.wait(seq)?;
+        }
+        for (key, fence) in &completed {
+            self.mark_durable(key, *fence);
+        }
+        Counters::bump(&inner.counters.reaped, resolved as u64);
+        match failure {
+            Some(e) => Err(e),
+            None => Ok(resolved),
+        }
+    }
+
+    /// Deletes every record whose TTL ran out, oldest first, and returns how many. The cost is
+    /// proportional to what expired (an ordered expiry table is scanned up to now), not to the
+    /// size of the store. Expired records are already invisible to every read; purging frees
+    /// their space.
+    ///
+    /// # Concurrency
+    /// Runs alongside claims. A key re-claimed after it expired is left to its new claim.
+    ///
+    /// # Errors
+    /// [`Error::Halted`] / [`Error::Io`] if a commit fails; [`Error::Corrupted`] for a damaged
+    /// expiry entry.
+    pub fn purge_expired(&self) -> Result<usize> {
+        let inner = &*self.inner;
+        inner.pipeline.check()?;
+        let mut purged = 0;
+        let mut after: Option<Vec<u8>> = None;
+        loop {
+            let now = self.now();
+            let due = disk::expired(inner.pipeline.db(), after.as_deref(), now, PURGE_CHUNK)?;
+            after = due.last().map(|(t, k)| disk::expiry_key(*t, k));
+            let mut last = None;
+            for (expires_at, bytes) in &due {
+                let key = inner.index.key(bytes.clone());
+                let mut stripe = inner.index.lock(&key);
+                let matches = stripe.get(&key).is_some_and(|s| {
+                    matches!(s.state, SlotState::Completed { expires_at: e, .. } if e == *expires_at)
+                });
+                if !matches {
+                    continue;
+                }
+                last = Some(inner.pipeline.enqueue(Op::Delete {
+                    key: key.bytes.clone(),
+                    expiry_remove: Some(*expires_at),
+                })?);
+                stripe.remove(&key);
+                purged += 1;
+            }
+            if let Some(seq) = last {
+                inner.pipeline.wait(seq)?;
+            }
+            if due.len() < PURGE_CHUNK {
+                break;
+            }
+        }
+        Counters::bump(&inner.counters.purged, purged as u64);
+        Ok(purged)
+    }
+}

@@ -1,0 +1,244 @@
+//! The on-disk record: a format byte, a bincode 2 body, and a crc32 that also covers the scoped
+//! key, so a record copied under another key fails its check. `docs/format.md` lists the bytes.
+
+use crate::fingerprint::Fingerprint;
+use crate::response::Response;
+use bincode::{Decode, Encode};
+
+/// The record format this build writes and reads.
+pub(crate) const RECORD_FORMAT: u8 = 1;
+
+/// The largest record body the decoder will allocate for; bounds the damage a corrupt length
+/// field can do. Responses are capped below this by [`MAX_RESPONSE_LIMIT`].
+const DECODE_LIMIT: usize = 80 << 20;
+
+/// The highest value `max_response_bytes` may be set to.
+pub const MAX_RESPONSE_LIMIT: usize = 64 << 20;
+
+type Config = bincode::config::Configuration<
+    bincode::config::LittleEndian,
+    bincode::config::Fixint,
+    bincode::config::Limit<DECODE_LIMIT>,
+>;
+
+const CONFIG: Config = bincode::config::standard()
+    .with_little_endian()
+    .with_fixed_int_encoding()
+    .with_limit::<DECODE_LIMIT>();
+
+/// One record: the state of one scoped key.
+#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
+pub(crate) struct Record {
+    /// The fence of the claim that wrote this record.
+    pub(crate) fence: u64,
+    /// SHA-256 of the request, as the claim gave it.
+    pub(crate) fingerprint: [u8; 32],
+    /// When the claim was acquired, ms since the Unix epoch.
+    pub(crate) claimed_at: u64,
+    pub(crate) state: RecordState,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
+pub(crate) enum RecordState {
+    /// Claimed, not finished: the side effect may or may not have happened.
+    InProgress {
+        /// When the lease runs out, ms since the Unix epoch.
+        lease_until: u64,
+    },
+    /// Finished: replay `response` until `expires_at`.
+    Completed {
+        completed_at: u64,
+        expires_at: u64,
+        response: StoredResponse,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
+pub(crate) struct StoredResponse {
+    pub(crate) status: u16,
+    pub(crate) headers: Vec<(String, Vec<u8>)>,
+    pub(crate) body: Vec<u8>,
+}
+
+impl From<Response> for StoredResponse {
+    fn from(r: Response) -> Self {
+        StoredResponse {
+            status: r.status,
+            headers: r.headers,
+            body: r.body,
+        }
+    }
+}
+
+impl From<StoredResponse> for Response {
+    fn from(r: StoredResponse) -> Self {
+        Response {
+            status: r.status,
+            headers: r.headers,
+            body: r.body,
+        }
+    }
+}
+
+/// Why a stored value could not be decoded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum DecodeFailure {
+    TooShort,
+    Checksum { stored: u32, computed: u32 },
+    Format(u8),
+    Body(String),
+}
+
+impl std::fmt::Display for DecodeFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DecodeFailure::TooShort => write!(f, "value too short to hold a record"),
+            DecodeFailure::Checksum { stored, computed } => write!(
+                f,
+                "crc32 mismatch (stored {stored:08x}, computed {computed:08x})"
+            ),
+            DecodeFailure::Format(v) => write!(f, "unknown record format {v}"),
+            DecodeFailure::Body(e) => write!(f, "record body does not decode: {e}"),
+        }
+    }
+}
+
+impl Record {
+    pub(crate) fn fingerprint(&self) -> Fingerprint {
+        Fingerprint::from_bytes(self.fingerprint)
+    }
+
+    /// `[format: u8][bincode body][crc32 LE of (scoped key length u32 LE, scoped key, format,
+    /// body)]`.
+    pub(crate) fn encode(&self, scoped_key: &[u8]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(96);
+        out.push(RECORD_FORMAT);
+        bincode::encode_into_std_write(self, &mut out, CONFIG)
+            .expect("encoding into a Vec cannot fail");
+        let crc = checksum(scoped_key, &out);
+        out.extend_from_slice(&crc.to_le_bytes());
+        out
+    }
+
+    pub(crate) fn decode(scoped_key: &[u8], value: &[u8]) -> Result<Record, DecodeFailure> {
+        let Some(split) = value.len().checked_sub(4).filter(|&n| n >= 1) else {
+            return Err(DecodeFailure::TooShort);
+        };
+        let (payload, crc) = value.split_at(split);
+        let stored = u32::from_le_bytes(crc.try_into().expect("four bytes"));
+        let computed = checksum(scoped_key, payload);
+        if stored != computed {
+            return Err(DecodeFailure::Checksum { stored, computed });
+        }
+        if payload[0] != RECORD_FORMAT {
+            return Err(DecodeFailure::Format(payload[0]));
+        }
+        let (record, used) = bincode::decode_from_slice::<Record, _>(&payload[1..], CONFIG)
+            .map_err(|e| DecodeFailure::Body(e.to_string()))?;
+        if used != payload.len() - 1 {
+            return Err(DecodeFailure::Body(format!(
+                "{} trailing bytes",
+                payload.len() - 1 - used
+            )));
+        }
+        Ok(record)
+    }
+}
+
+/// The encoded size a response will take in a record, without encoding it.
+pub(crate) fn response_size(r: &Response) -> usize {
+    // status (2) + header count (8) + per header two length prefixes (16) + body length (8).
+    18 + r.body.len()
+        + r.headers
+            .iter()
+            .map(|(n, v)| 16 + n.len() + v.len())
+            .sum::<usize>()
+}
+
+fn checksum(scoped_key: &[u8], payload: &[u8]) -> u32 {
+    let mut h = crc32fast::Hasher::new();
+    let len = u32::try_from(scoped_key.len()).expect("scoped keys are bounded");
+    h.update(&len.to_le_bytes());
+    h.update(scoped_key);
+    h.update(payload);
+    h.finalize()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn completed() -> Record {
+        Record {
+            fence: 7,
+            fingerprint: [0xAB; 32],
+            claimed_at: 1_000,
+            state: RecordState::Completed {
+                completed_at: 2_000,
+                expires_at: 3_000,
+                response: StoredResponse {
+                    status: 201,
+                    headers: vec![("a".into(), b"b".to_vec())],
+                    body: b"ok".to_vec(),
+                },
+            },
+        }
+    }
+
+    #[test]
+    fn round_trips() {
+        let r = completed();
+        let bytes = r.encode(b"key");
+        assert_eq!(Record::decode(b"key", &bytes).unwrap(), r);
+    }
+
+    #[test]
+    fn crc_covers_the_key() {
+        let bytes = completed().encode(b"key");
+        assert!(matches!(
+            Record::decode(b"kez", &bytes),
+            Err(DecodeFailure::Checksum { .. })
+        ));
+    }
+
+    #[test]
+    fn every_flipped_bit_is_caught() {
+        let bytes = completed().encode(b"key");
+        for i in 0..bytes.len() * 8 {
+            let mut b = bytes.clone();
+            b[i / 8] ^= 1 << (i % 8);
+            assert!(Record::decode(b"key", &b).is_err(), "bit {i}");
+        }
+        for n in 0..bytes.len() {
+            assert!(Record::decode(b"key", &bytes[..n]).is_err(), "prefix {n}");
+        }
+    }
+
+    #[test]
+    fn response_size_matches_encoding() {
+        let r = Response::new(200, vec![1u8; 100])
+            .with_header("x", "yy")
+            .with_header("content-type", "a/b");
+        let rec = Record {
+            state: RecordState::Completed {
+                completed_at: 0,
+                expires_at: 0,
+                response: r.clone().into(),
+            },
+            ..completed()
+        };
+        let empty = Record {
+            state: RecordState::Completed {
+                completed_at: 0,
+                expires_at: 0,
+                response: Response::new(0, Vec::new()).into(),
+            },
+            ..completed()
+        };
+        let delta = rec.encode(b"k").len() - empty.encode(b"k").len();
+        assert_eq!(
+            delta,
+            response_size(&r) - response_size(&Response::new(0, Vec::new()))
+        );
+    }
+}

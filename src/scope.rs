@@ -1,0 +1,219 @@
+//! Scopes, key validation, and the unambiguous encoding of (tenant, endpoint, key) into the
+//! bytes that name a record on disk and in the index.
+
+use crate::error::{Error, InputProblem, Result};
+
+/// The largest tenant, in bytes.
+pub const MAX_TENANT_LEN: usize = 255;
+/// The largest endpoint, in bytes.
+pub const MAX_ENDPOINT_LEN: usize = 1024;
+/// The largest idempotency key, in bytes.
+pub const MAX_KEY_LEN: usize = 255;
+
+/// The caller and operation an idempotency key belongs to: `(tenant, endpoint)`.
+///
+/// Two requests share a record only when tenant, endpoint and key are all equal, so one tenant
+/// can never receive another's stored response, whatever keys clients choose. The encoding is
+/// length-prefixed: `("ab", "c")` and `("a", "bc")` are different scopes.
+///
+/// `new` never fails; the tenant (1..=255 bytes) and endpoint (1..=1024 bytes of UTF-8) are
+/// checked by every operation that takes the scope, which then returns
+/// [`Error::InvalidScope`]. Use [`Scope::validate`] to check early.
+///
+/// ```
+/// let scope = idemdb::Scope::new("tenant_42", "POST /v1/payments");
+/// assert_eq!(scope.tenant(), "tenant_42");
+/// assert!(scope.validate().is_ok());
+/// assert!(idemdb::Scope::new("", "POST /x").validate().is_err());
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Scope {
+    tenant: Box<str>,
+    endpoint: Box<str>,
+}
+
+impl Scope {
+    /// A scope for `tenant` (an account, API key id or agent id) and `endpoint` (for HTTP, the
+    /// method and route, such as `"POST /v1/payments"`).
+    pub fn new(tenant: impl Into<String>, endpoint: impl Into<String>) -> Scope {
+        Scope {
+            tenant: tenant.into().into_boxed_str(),
+            endpoint: endpoint.into().into_boxed_str(),
+        }
+    }
+
+    /// The tenant.
+    pub fn tenant(&self) -> &str {
+        &self.tenant
+    }
+
+    /// The endpoint.
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    /// Checks the tenant and endpoint bounds.
+    ///
+    /// # Errors
+    /// [`Error::InvalidScope`] naming the part that is empty or too long.
+    pub fn validate(&self) -> Result<()> {
+        check_len("tenant", self.tenant.len(), MAX_TENANT_LEN)?;
+        check_len("endpoint", self.endpoint.len(), MAX_ENDPOINT_LEN)
+    }
+}
+
+fn check_len(part: &'static str, len: usize, max: usize) -> Result<()> {
+    let reason = if len == 0 {
+        InputProblem::Empty
+    } else if len > max {
+        InputProblem::TooLong { len, max }
+    } else {
+        return Ok(());
+    };
+    Err(Error::InvalidScope { part, reason })
+}
+
+/// Checks an idempotency key: 1..=255 bytes, each visible ASCII (0x21..=0x7E).
+///
+/// # Errors
+/// [`Error::InvalidKey`] saying what is wrong.
+pub fn validate_key(key: &str) -> Result<()> {
+    let bytes = key.as_bytes();
+    let reason = if bytes.is_empty() {
+        InputProblem::Empty
+    } else if bytes.len() > MAX_KEY_LEN {
+        InputProblem::TooLong {
+            len: bytes.len(),
+            max: MAX_KEY_LEN,
+        }
+    } else if let Some(at) = bytes.iter().position(|b| !(0x21..=0x7E).contains(b)) {
+        InputProblem::BadByte {
+            byte: bytes[at],
+            at,
+        }
+    } else {
+        return Ok(());
+    };
+    Err(Error::InvalidKey { reason })
+}
+
+/// Encodes a validated scope and key: `tenant_len: u8, tenant, endpoint_len: u16 BE, endpoint,
+/// key`. The key runs to the end; every other part carries its length, so no two distinct
+/// triples encode alike.
+///
+/// # Errors
+/// [`Error::InvalidScope`] or [`Error::InvalidKey`]; nothing is allocated for bad input.
+pub(crate) fn scoped_key(scope: &Scope, key: &str) -> Result<Box<[u8]>> {
+    scope.validate()?;
+    validate_key(key)?;
+    let (t, e, k) = (scope.tenant.as_bytes(), scope.endpoint.as_bytes(), key.as_bytes());
+    let mut out = Vec::with_capacity(3 + t.len() + e.len() + k.len());
+    out.push(u8::try_from(t.len()).expect("tenant length validated"));
+    out.extend_from_slice(t);
+    out.extend_from_slice(
+        &u16::try_from(e.len())
+            .expect("endpoint length validated")
+            .to_be_bytes(),
+    );
+    out.extend_from_slice(e);
+    out.extend_from_slice(k);
+    Ok(out.into_boxed_slice())
+}
+
+/// Splits an encoded scoped key back into its scope and key, or `None` if the bytes are not a
+/// valid encoding (a damaged file).
+pub(crate) fn split_scoped_key(bytes: &[u8]) -> Option<(Scope, String)> {
+    let (&tlen, rest) = bytes.split_first()?;
+    let tlen = usize::from(tlen);
+    let tenant = rest.get(..tlen)?;
+    let rest = &rest[tlen..];
+    let elen = usize::from(u16::from_be_bytes([*rest.first()?, *rest.get(1)?]));
+    let rest = &rest[2..];
+    let endpoint = rest.get(..elen)?;
+    let key = std::str::from_utf8(&rest[elen..]).ok()?;
+    let scope = Scope::new(
+        std::str::from_utf8(tenant).ok()?,
+        std::str::from_utf8(endpoint).ok()?,
+    );
+    scope.validate().ok()?;
+    validate_key(key).ok()?;
+    Some((scope, key.to_owned()))
+}
+
+/// Renders an encoded scoped key for error messages: printable ASCII as is, the rest escaped.
+pub(crate) fn display_scoped_key(bytes: &[u8]) -> String {
+    match split_scoped_key(bytes) {
+        Some((scope, key)) => format!("{:?}/{:?}/{}", scope.tenant(), scope.endpoint(), key),
+        None => bytes.escape_ascii().to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scope_encoding_is_unambiguous() {
+        let a = scoped_key(&Scope::new("ab", "c"), "k").unwrap();
+        let b = scoped_key(&Scope::new("a", "bc"), "k").unwrap();
+        assert_ne!(a, b);
+        let c = scoped_key(&Scope::new("a", "b"), "ck").unwrap();
+        let d = scoped_key(&Scope::new("a", "bc"), "k").unwrap();
+        assert_ne!(c, d);
+    }
+
+    #[test]
+    fn scoped_key_round_trips() {
+        let scope = Scope::new("tenant é", "POST /v1/payments");
+        let bytes = scoped_key(&scope, "7c9e6679-7425").unwrap();
+        let (s, k) = split_scoped_key(&bytes).unwrap();
+        assert_eq!(s, scope);
+        assert_eq!(k, "7c9e6679-7425");
+        assert!(split_scoped_key(&bytes[..bytes.len() - 13]).is_none());
+        assert!(split_scoped_key(&[]).is_none());
+        assert!(split_scoped_key(&[200, 1, 2]).is_none());
+    }
+
+    #[test]
+    fn keys_are_checked() {
+        assert!(validate_key("a").is_ok());
+        assert!(validate_key(&"x".repeat(255)).is_ok());
+        assert!(matches!(
+            validate_key(""),
+            Err(Error::InvalidKey {
+                reason: InputProblem::Empty
+            })
+        ));
+        assert!(matches!(
+            validate_key(&"x".repeat(256)),
+            Err(Error::InvalidKey {
+                reason: InputProblem::TooLong { len: 256, max: 255 }
+            })
+        ));
+        for bad in ["a b", "a\tb", "é", "a\u{7f}", "\0"] {
+            assert!(
+                matches!(validate_key(bad), Err(Error::InvalidKey { .. })),
+                "{bad:?}"
+            );
+        }
+        assert!(validate_key("!~").is_ok());
+    }
+
+    #[test]
+    fn scope_bounds() {
+        assert!(Scope::new("t".repeat(255), "e".repeat(1024))
+            .validate()
+            .is_ok());
+        assert!(matches!(
+            Scope::new("t".repeat(256), "e").validate(),
+            Err(Error::InvalidScope { part: "tenant", .. })
+        ));
+        assert!(matches!(
+            Scope::new("t", "").validate(),
+            Err(Error::InvalidScope {
+                part: "endpoint",
+                ..
+            })
+        ));
+    }
+}

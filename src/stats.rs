@@ -1,0 +1,68 @@
+//! Counters an operator watches.
+
+use crate::sync::{AtomicU64, Ordering};
+
+/// A snapshot of the store's counters since it was opened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct Stats {
+    /// Claims that returned [`crate::Claim::Acquired`] (takeovers included).
+    pub acquired: u64,
+    /// Claims that returned [`crate::Claim::Replay`].
+    pub replays: u64,
+    /// Claims that returned [`crate::Claim::InProgress`].
+    pub in_progress: u64,
+    /// Claims that returned [`crate::Claim::Mismatch`].
+    pub mismatches: u64,
+    /// Successful [`crate::Store::complete`] calls.
+    pub completes: u64,
+    /// Successful [`crate::Store::release`] calls.
+    pub releases: u64,
+    /// Acquired claims that took over a stale claim.
+    pub takeovers: u64,
+    /// Stale claims a [`crate::Store::reap`] resolver released or completed.
+    pub reaped: u64,
+    /// Expired records deleted by [`crate::Store::purge_expired`].
+    pub purged: u64,
+    /// Write transactions committed (each one fsync); `acquired + completes + ...` divided by
+    /// this is the mean batch size.
+    pub commit_batches: u64,
+    /// Records in the index now (in progress or completed, expired ones not yet purged included).
+    pub live_records: u64,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub(crate) acquired: AtomicU64,
+    pub(crate) replays: AtomicU64,
+    pub(crate) in_progress: AtomicU64,
+    pub(crate) mismatches: AtomicU64,
+    pub(crate) completes: AtomicU64,
+    pub(crate) releases: AtomicU64,
+    pub(crate) takeovers: AtomicU64,
+    pub(crate) reaped: AtomicU64,
+    pub(crate) purged: AtomicU64,
+}
+
+impl Counters {
+    pub(crate) fn bump(counter: &AtomicU64, by: u64) {
+        counter.fetch_add(by, Ordering::Relaxed);
+    }
+
+    pub(crate) fn snapshot(&self, commit_batches: u64, live_records: u64) -> Stats {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        Stats {
+            acquired: get(&self.acquired),
+            replays: get(&self.replays),
+            in_progress: get(&self.in_progress),
+            mismatches: get(&self.mismatches),
+            completes: get(&self.completes),
+            releases: get(&self.releases),
+            takeovers: get(&self.takeovers),
+            reaped: get(&self.reaped),
+            purged: get(&self.purged),
+            commit_batches,
+            live_records,
+        }
+    }
+}

@@ -1,0 +1,518 @@
+//! The store: claim, complete, release, extend and inspection. Reaping and purging live in
+//! `maintenance.rs`.
+
+use crate::builder::{Config, StalePolicy, StoreBuilder};
+use crate::claim::{Claim, Entry, EntryState, Takeover, Ticket};
+use crate::clock::{duration_millis, from_millis, to_millis};
+use crate::commit::Pipeline;
+use crate::disk::{self, Op};
+use crate::error::{Error, Result};
+use crate::fingerprint::Fingerprint;
+use crate::index::{Index, IndexKey, Slot, SlotState};
+use crate::record::{response_size, Record, RecordState};
+use crate::response::Response;
+use crate::scope::{scoped_key, Scope};
+use crate::stats::{Counters, Stats};
+use crate::sync::{Arc, AtomicU64, Ordering};
+use std::path::Path;
+use std::time::Duration;
+
+/// An idempotency-key store over one redb file.
+///
+/// `Store` is cheap to clone (an `Arc`), and `Send + Sync`: share one per file across every
+/// thread. All operations are blocking; each write returns only once it is durable. Concurrent
+/// writes share one fsync (group commit).
+///
+/// ```
+/// use idemdb::{Claim, Fingerprint, Response, Scope, Store};
+/// let store = Store::in_memory()?;
+/// let scope = Scope::new("tenant_42", "POST /v1/payments");
+/// let body = br#"{"amount":5000}"#;
+/// match store.claim(&scope, "7c9e6679-7425-40de", Fingerprint::of(body))? {
+///     Claim::Acquired(ticket) => {
+///         // ... charge the card, exactly once ...
+///         store.complete(ticket, Response::new(201, r#"{"id":"pay_1"}"#))?;
+///     }
+///     other => unreachable!("a new key is acquired: {other:?}"),
+/// }
+/// // The retry after a lost response gets the stored response back.
+/// let Claim::Replay(r) = store.claim(&scope, "7c9e6679-7425-40de", Fingerprint::of(body))? else {
+///     unreachable!()
+/// };
+/// assert_eq!(r.body(), br#"{"id":"pay_1"}"#);
+/// # Ok::<(), idemdb::Error>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct Store {
+    pub(crate) inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Inner {
+    pub(crate) index: Index,
+    pub(crate) pipeline: Pipeline,
+    pub(crate) config: Config,
+    pub(crate) counters: Counters,
+    next_fence: AtomicU64,
+    /// Tells this store's tickets from another's (or a previous process's).
+    id: u64,
+}
+
+static NEXT_STORE_ID: AtomicU64 = AtomicU64::new(1);
+
+impl Store {
+    /// Opens (or creates) the store at `path` with the default settings: 24 h TTL, 60 s lease,
+    /// [`StalePolicy::TakeOver`], 1 MiB responses. See [`StoreBuilder::open`].
+    ///
+    /// # Errors
+    /// As [`StoreBuilder::open`].
+    pub fn open(path: impl AsRef<Path>) -> Result<Store> {
+        StoreBuilder::default().open(path)
+    }
+
+    /// A builder to change the defaults.
+    pub fn builder() -> StoreBuilder {
+        StoreBuilder::default()
+    }
+
+    /// A store in memory with the default settings, for users' own tests.
+    ///
+    /// # Errors
+    /// As [`StoreBuilder::in_memory`].
+    pub fn in_memory() -> Result<Store> {
+        StoreBuilder::default().in_memory()
+    }
+
+    pub(crate) fn open_with(config: Config, path: &Path) -> Result<Store> {
+        let existed = path.try_exists()?;
+        let db = redb::Builder::new().create(path)?;
+        if !existed {
+            sync_parent_dir(path)?;
+        }
+        Store::start(config, db)
+    }
+
+    pub(crate) fn in_memory_with(config: Config) -> Result<Store> {
+        Store::backend_with(config, redb::backends::InMemoryBackend::new())
+    }
+
+    pub(crate) fn backend_with(config: Config, backend: impl redb::StorageBackend) -> Result<Store> {
+        let db = redb::Builder::new().create_with_backend(backend)?;
+        Store::start(config, db)
+    }
+
+    fn start(config: Config, db: redb::Database) -> Result<Store> {
+        disk::initialise(&db)?;
+        let loaded = disk::load(&db)?;
+        let index = Index::new(config.stripes);
+        for (bytes, slot) in loaded.slots {
+            let key = index.key(bytes);
+            index.lock(&key).insert(key, slot);
+        }
+        Ok(Store {
+            inner: Arc::new(Inner {
+                index,
+                pipeline: Pipeline::new(db),
+                config,
+                counters: Counters::default(),
+                next_fence: AtomicU64::new(loaded.high_fence + 1),
+                id: NEXT_STORE_ID.fetch_add(1, Ordering::Relaxed),
+            }),
+        })
+    }
+
+    pub(crate) fn now(&self) -> u64 {
+        to_millis(self.inner.config.clock.now())
+    }
+
+    /// Claims `key` in `scope` for a request with `fingerprint`, before the side effect runs.
+    ///
+    /// - A new key (or one whose record expired) is [`Claim::Acquired`]; the in-progress record
+    ///   is durable before this returns (redb commit: `fdatasync(2)` of the file).
+    /// - A completed key with the same fingerprint is [`Claim::Replay`] with the stored response.
+    /// - A key in progress is [`Claim::InProgress`]; a stale one (lease run out) is taken over
+    ///   under [`StalePolicy::TakeOver`] (an `Acquired` whose ticket says so).
+    /// - A key held or completed with another fingerprint is [`Claim::Mismatch`], and nothing
+    ///   changes.
+    ///
+    /// # Concurrency
+    /// Any number of threads may claim the same key at once: exactly one gets `Acquired`, the
+    /// others `InProgress` (or, once it completed, `Replay`). If the holder panics or drops its
+    /// ticket, the key stays in progress until the lease runs out.
+    ///
+    /// # Errors
+    /// [`Error::InvalidKey`] / [`Error::InvalidScope`] for bad input (nothing stored);
+    /// [`Error::Halted`] after a failed commit; [`Error::Io`] if the commit holding this claim
+    /// failed, in which case the claim is not held.
+    pub fn claim(&self, scope: &Scope, key: &str, fingerprint: Fingerprint) -> Result<Claim> {
+        self.inner.pipeline.check()?;
+        let key = self.inner.index.key(scoped_key(scope, key)?);
+        loop {
+            if let Some(claim) = self.try_claim(&key, fingerprint)? {
+                return Ok(claim);
+            }
+        }
+    }
+
+    /// One attempt; `None` when a replay's record changed under it and the claim must look
+    /// again.
+    fn try_claim(&self, key: &IndexKey, fingerprint: Fingerprint) -> Result<Option<Claim>> {
+        let inner = &*self.inner;
+        let c = &inner.counters;
+        let now = self.now();
+        let mut stripe = inner.index.lock(key);
+        let (takeover, expiry_remove) = match stripe.get(key) {
+            None => (None, None),
+            Some(slot) => match slot.state {
+                SlotState::Completed { expires_at, .. } if now >= expires_at => {
+                    (None, Some(expires_at))
+                }
+                _ if slot.fingerprint != fingerprint => {
+                    Counters::bump(&c.mismatches, 1);
+                    let completed = matches!(slot.state, SlotState::Completed { .. });
+                    return Ok(Some(Claim::Mismatch { completed }));
+                }
+                SlotState::Completed { durable: false, .. } => {
+                    return Ok(Some(self.in_progress(Duration::MAX)));
+                }
+                SlotState::Completed { durable: true, .. } => {
+                    let fence = slot.fence;
+                    drop(stripe);
+                    return self.replay(key, fence);
+                }
+                SlotState::InProgress {
+                    lease_until,
+                    orphan,
+                } => {
+                    if now < lease_until {
+                        let left = Duration::from_millis(lease_until - now);
+                        return Ok(Some(self.in_progress(left)));
+                    }
+                    if inner.config.stale_policy == StalePolicy::Keep {
+                        return Ok(Some(self.in_progress(Duration::ZERO)));
+                    }
+                    let takeover = Takeover {
+                        previous_fence: slot.fence,
+                        previous_claimed_at: from_millis(slot.claimed_at),
+                        orphan,
+                    };
+                    (Some(takeover), None)
+                }
+            },
+        };
+        let fence = inner.next_fence.fetch_add(1, Ordering::Relaxed);
+        let lease_until = now.saturating_add(duration_millis(inner.config.lease));
+        let record = Record {
+            fence,
+            fingerprint: *fingerprint.as_bytes(),
+            claimed_at: now,
+            state: RecordState::InProgress { lease_until },
+        };
+        let seq = inner.pipeline.enqueue(Op::Put {
+            key: key.bytes.clone(),
+            value: record.encode(&key.bytes),
+            fence,
+            expiry_add: None,
+            expiry_remove,
+        })?;
+        stripe.insert(key.clone(), crate::disk::slot_of(&record, false));
+        drop(stripe);
+        inner.pipeline.wait(seq)?;
+        Counters::bump(&c.acquired, 1);
+        if takeover.is_some() {
+            Counters::bump(&c.takeovers, 1);
+        }
+        Ok(Some(Claim::Acquired(Ticket {
+            store: inner.id,
+            key: key.clone(),
+            fence,
+            fingerprint,
+            claimed_at: now,
+            lease_until: AtomicU64::new(lease_until),
+            takeover,
+        })))
+    }
+
+    fn in_progress(&self, lease_remaining: Duration) -> Claim {
+        Counters::bump(&self.inner.counters.in_progress, 1);
+        let hint = self.inner.config.retry_after;
+        let retry_after = if lease_remaining.is_zero() {
+            hint
+        } else {
+            hint.min(lease_remaining)
+        };
+        Claim::InProgress {
+            retry_after,
+            lease_remaining: if lease_remaining == Duration::MAX {
+                Duration::ZERO
+            } else {
+                lease_remaining
+            },
+        }
+    }
+
+    /// Reads a completed record's response. The index said `fence` is completed and durable;
+    /// if the disk now holds another record (expired and re-claimed meanwhile) the claim looks
+    /// again.
+    fn replay(&self, key: &IndexKey, fence: u64) -> Result<Option<Claim>> {
+        match disk::read(self.inner.pipeline.db(), &key.bytes)? {
+            Some(Record {
+                fence: f,
+                state: RecordState::Completed { response, .. },
+                ..
+            }) if f == fence => {
+                Counters::bump(&self.inner.counters.replays, 1);
+                Ok(Some(Claim::Replay(response.into())))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// Stores `response` for the ticket's key and ends the claim: every later claim with the
+    /// same fingerprint replays it until the TTL runs out. Durable before this returns (redb
+    /// commit: `fdatasync(2)`).
+    ///
+    /// A claim may be completed after its lease ran out, as long as nobody took it over or
+    /// reaped it.
+    ///
+    /// # Concurrency
+    /// Claims of the key made while this runs answer `InProgress` until the completion is
+    /// durable, then `Replay`.
+    ///
+    /// # Errors
+    /// [`Error::ResponseTooLarge`] (the claim is still held: release it or store a smaller
+    /// response); [`Error::LeaseLost`] if the claim was released, reaped or taken over, or the
+    /// ticket is from another store; [`Error::Halted`] / [`Error::Io`] if the commit failed.
+    pub fn complete(&self, ticket: Ticket, response: Response) -> Result<()> {
+        let inner = &*self.inner;
+        inner.pipeline.check()?;
+        let size = response_size(&response);
+        if size > inner.config.max_response_bytes {
+            return Err(Error::ResponseTooLarge {
+                size,
+                limit: inner.config.max_response_bytes,
+            });
+        }
+        let now = self.now();
+        let expires_at = now.saturating_add(duration_millis(inner.config.ttl));
+        let record = Record {
+            fence: ticket.fence,
+            fingerprint: *ticket.fingerprint.as_bytes(),
+            claimed_at: ticket.claimed_at,
+            state: RecordState::Completed {
+                completed_at: now,
+                expires_at,
+                response: response.into(),
+            },
+        };
+        let value = record.encode(&ticket.key.bytes);
+        let seq = {
+            let mut stripe = inner.index.lock(&ticket.key);
+            let slot = self.held(&mut stripe, &ticket)?;
+            let seq = inner.pipeline.enqueue(Op::Put {
+                key: ticket.key.bytes.clone(),
+                value,
+                fence: ticket.fence,
+                expiry_add: Some(expires_at),
+                expiry_remove: None,
+            })?;
+            slot.state = SlotState::Completed {
+                expires_at,
+                durable: false,
+            };
+            seq
+        };
+        inner.pipeline.wait(seq)?;
+        self.mark_durable(&ticket.key, ticket.fence);
+        Counters::bump(&inner.counters.completes, 1);
+        Ok(())
+    }
+
+    /// Deletes the claim, durably, so the next claim of the key is `Acquired` and executes.
+    /// Use it when the failure belonged to the moment (a timeout, a 503 downstream), not to
+    /// the request.
+    ///
+    /// # Concurrency
+    /// A claim racing with the release either sees the key in progress or acquires it anew;
+    /// it never sees a half-released key.
+    ///
+    /// # Errors
+    /// [`Error::LeaseLost`] if the claim is no longer held by this ticket;
+    /// [`Error::Halted`] / [`Error::Io`] if the commit failed.
+    pub fn release(&self, ticket: Ticket) -> Result<()> {
+        let inner = &*self.inner;
+        inner.pipeline.check()?;
+        let seq = {
+            let mut stripe = inner.index.lock(&ticket.key);
+            self.held(&mut stripe, &ticket)?;
+            let seq = inner.pipeline.enqueue(Op::Delete {
+                key: ticket.key.bytes.clone(),
+                expiry_remove: None,
+            })?;
+            stripe.remove(&ticket.key);
+            seq
+        };
+        inner.pipeline.wait(seq)?;
+        Counters::bump(&inner.counters.releases, 1);
+        Ok(())
+    }
+
+    /// Renews the ticket's lease to run until `by` from now, durably, so a slow handler is not
+    /// taken over. May be called any number of times while the claim is held.
+    ///
+    /// # Errors
+    /// [`Error::LeaseLost`] if the claim is no longer held by this ticket (a takeover may
+    /// already have happened: stop and reconcile); [`Error::Halted`] / [`Error::Io`] if the
+    /// commit failed.
+    pub fn extend(&self, ticket: &Ticket, by: Duration) -> Result<()> {
+        let inner = &*self.inner;
+        inner.pipeline.check()?;
+        let lease_until = self.now().saturating_add(duration_millis(by));
+        let record = Record {
+            fence: ticket.fence,
+            fingerprint: *ticket.fingerprint.as_bytes(),
+            claimed_at: ticket.claimed_at,
+            state: RecordState::InProgress { lease_until },
+        };
+        let seq = {
+            let mut stripe = inner.index.lock(&ticket.key);
+            let slot = self.held(&mut stripe, ticket)?;
+            let seq = inner.pipeline.enqueue(Op::Put {
+                key: ticket.key.bytes.clone(),
+                value: record.encode(&ticket.key.bytes),
+                fence: ticket.fence,
+                expiry_add: None,
+                expiry_remove: None,
+            })?;
+            slot.state = SlotState::InProgress {
+                lease_until,
+                orphan: false,
+            };
+            seq
+        };
+        inner.pipeline.wait(seq)?;
+        ticket.lease_until.store(lease_until, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Lets claims replay a completion once its batch is fsynced.
+    pub(crate) fn mark_durable(&self, key: &IndexKey, fence: u64) {
+        if let Some(slot) = self.inner.index.lock(key).get_mut(key) {
+            if let SlotState::Completed { expires_at, .. } = slot.state {
+                if slot.fence == fence {
+                    slot.state = SlotState::Completed {
+                        expires_at,
+                        durable: true,
+                    };
+                }
+            }
+        }
+    }
+
+    /// The slot `ticket` holds, or `LeaseLost`.
+    fn held<'s>(
+        &self,
+        stripe: &'s mut crate::index::Stripe,
+        ticket: &Ticket,
+    ) -> Result<&'s mut Slot> {
+        let lost = Error::LeaseLost {
+            fence: ticket.fence,
+        };
+        if ticket.store != self.inner.id {
+            return Err(lost);
+        }
+        match stripe.get_mut(&ticket.key) {
+            Some(slot)
+                if slot.fence == ticket.fence
+                    && matches!(slot.state, SlotState::InProgress { .. }) =>
+            {
+                Ok(slot)
+            }
+            _ => Err(lost),
+        }
+    }
+
+    /// The record of `key` in `scope` as claims see it now: `None` if absent or expired.
+    /// Completed records are read from disk for their response.
+    ///
+    /// # Concurrency
+    /// A snapshot; it may be stale by the time it returns.
+    ///
+    /// # Errors
+    /// [`Error::InvalidKey`] / [`Error::InvalidScope`]; [`Error::Corrupted`] if the record fails
+    /// its checksum; [`Error::Halted`] after a failed commit.
+    pub fn get(&self, scope: &Scope, key: &str) -> Result<Option<Entry>> {
+        let inner = &*self.inner;
+        inner.pipeline.check()?;
+        let key = inner.index.key(scoped_key(scope, key)?);
+        loop {
+            let now = self.now();
+            let Some(slot) = inner.index.lock(&key).get(&key).cloned() else {
+                return Ok(None);
+            };
+            let state = match slot.state {
+                SlotState::Completed { expires_at, .. } if now >= expires_at => return Ok(None),
+                SlotState::InProgress {
+                    lease_until,
+                    orphan,
+                } => EntryState::InProgress {
+                    lease_deadline: from_millis(lease_until),
+                    orphan,
+                },
+                SlotState::Completed {
+                    expires_at,
+                    durable,
+                } => {
+                    if !durable {
+                        EntryState::InProgress {
+                            lease_deadline: from_millis(now),
+                            orphan: false,
+                        }
+                    } else {
+                        match disk::read(inner.pipeline.db(), &key.bytes)? {
+                            Some(Record {
+                                fence,
+                                state: RecordState::Completed { response, .. },
+                                ..
+                            }) if fence == slot.fence => EntryState::Completed {
+                                expires_at: from_millis(expires_at),
+                                response: response.into(),
+                            },
+                            _ => continue,
+                        }
+                    }
+                }
+            };
+            return Ok(Some(Entry {
+                fence: slot.fence,
+                fingerprint: slot.fingerprint,
+                claimed_at: from_millis(slot.claimed_at),
+                state,
+            }));
+        }
+    }
+
+    /// The counters since the store was opened.
+    pub fn stats(&self) -> Stats {
+        let inner = &*self.inner;
+        let live = u64::try_from(inner.index.len()).unwrap_or(u64::MAX);
+        inner
+            .counters
+            .snapshot(inner.pipeline.batches(), live)
+    }
+}
+
+/// A new file's directory entry is durable only once the directory is fsynced.
+fn sync_parent_dir(path: &Path) -> Result<()> {
+    #[cfg(unix)]
+    {
+        let parent = match path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+        std::fs::File::open(parent)?.sync_all()?;
+    }
+    #[cfg(not(unix))]
+    let _ = path;
+    Ok(())
+}
