@@ -132,13 +132,6 @@ impl Pipeline {
             self.done.notify_all();
         }
     }
-
-    /// Queues and waits: the op is durable when this returns `Ok`.
-    #[cfg(test)]
-    pub(crate) fn submit(&self, op: Op) -> Result<()> {
-        let seq = self.enqueue(op)?;
-        self.wait(seq)
-    }
 }
 
 struct HaltOnUnwind<'a>(&'a Pipeline);

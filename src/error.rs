@@ -31,12 +31,16 @@ pub enum Error {
     },
     /// The encoded response is larger than the store's limit
     /// ([`crate::StoreBuilder::max_response_bytes`]). Nothing was stored; the claim is still
-    /// held by the ticket.
+    /// held, and the ticket comes back in `ticket` so the caller can release it or complete it
+    /// with a smaller response.
     ResponseTooLarge {
         /// The encoded size of the response, in bytes.
         size: usize,
         /// The configured limit, in bytes.
         limit: usize,
+        /// The ticket passed to [`crate::Store::complete`], still holding the claim (`None`
+        /// when the response came from a reap resolver).
+        ticket: Option<Box<crate::Ticket>>,
     },
     /// A record in the store file failed its checksum or could not be decoded. The store
     /// refuses to open rather than drop a completed record (which could repeat a payment).
@@ -139,10 +143,11 @@ impl fmt::Display for Error {
                 "the claim with fence {fence} is no longer held (released, completed, reaped or \
                  taken over): do not store this result; reconcile with the current holder"
             ),
-            Error::ResponseTooLarge { size, limit } => write!(
+            Error::ResponseTooLarge { size, limit, .. } => write!(
                 f,
                 "response of {size} bytes exceeds the store's limit of {limit} bytes: store a \
-                 smaller response or raise max_response_bytes; the claim is still held"
+                 smaller response or raise max_response_bytes; the claim is still held (the \
+                 error returns the ticket)"
             ),
             Error::Corrupted { key, reason } => write!(
                 f,

@@ -47,6 +47,10 @@ mod scope;
 mod stats;
 mod store;
 mod sync;
+#[cfg(any(test, fuzzing))]
+mod testing;
+#[cfg(test)]
+mod tests;
 
 pub use builder::{StalePolicy, StoreBuilder};
 pub use claim::{Claim, Entry, EntryState, Resolution, StaleClaim, Takeover, Ticket};

@@ -109,6 +109,7 @@ impl Store {
                         failure = Some(Error::ResponseTooLarge {
                             size,
                             limit: inner.config.max_response_bytes,
+                            ticket: None,
                         });
                         break;
                     }

@@ -280,8 +280,8 @@ impl Store {
     /// durable, then `Replay`.
     ///
     /// # Errors
-    /// [`Error::ResponseTooLarge`] (the claim is still held: release it or store a smaller
-    /// response); [`Error::LeaseLost`] if the claim was released, reaped or taken over, or the
+    /// [`Error::ResponseTooLarge`] (the claim is still held and the error hands the ticket
+    /// back: release it or store a smaller response); [`Error::LeaseLost`] if the claim was released, reaped or taken over, or the
     /// ticket is from another store; [`Error::Halted`] / [`Error::Io`] if the commit failed.
     pub fn complete(&self, ticket: Ticket, response: Response) -> Result<()> {
         let inner = &*self.inner;
@@ -291,6 +291,7 @@ impl Store {
             return Err(Error::ResponseTooLarge {
                 size,
                 limit: inner.config.max_response_bytes,
+                ticket: Some(Box::new(ticket)),
             });
         }
         let now = self.now();

@@ -1,0 +1,168 @@
+//! Durability and fail-stop tests on the simulated disk: what `claim` and `complete` promise is
+//! checked against the durable image alone, as a power loss would leave it.
+
+use crate::testing::SimDisk;
+use crate::{Claim, Error, Fingerprint, Response, Scope, Store, StoreBuilder};
+
+fn open(disk: &SimDisk) -> Store {
+    StoreBuilder::default()
+        .open_backend(disk.backend())
+        .expect("open on the simulated disk")
+}
+
+fn scope() -> Scope {
+    Scope::new("tenant", "POST /v1/payments")
+}
+
+fn fp() -> Fingerprint {
+    Fingerprint::of(b"amount=5000")
+}
+
+fn acquire(store: &Store, key: &str) -> crate::Ticket {
+    match store.claim(&scope(), key, fp()).unwrap() {
+        Claim::Acquired(t) => t,
+        other => panic!("expected Acquired, got {other:?}"),
+    }
+}
+
+#[test]
+fn acquired_claim_is_in_the_durable_image_when_claim_returns() {
+    let disk = SimDisk::new();
+    let store = open(&disk);
+    let syncs = disk.syncs();
+    let ticket = acquire(&store, "k1");
+    assert!(disk.syncs() > syncs, "claim returned without an fsync");
+    drop(ticket);
+    drop(store);
+    disk.crash();
+    let store = open(&disk);
+    assert!(matches!(
+        store.claim(&scope(), "k1", fp()).unwrap(),
+        Claim::InProgress { .. }
+    ));
+}
+
+#[test]
+fn completion_is_in_the_durable_image_when_complete_returns() {
+    let disk = SimDisk::new();
+    let store = open(&disk);
+    let ticket = acquire(&store, "k1");
+    let response = Response::new(201, "paid").with_header("x-id", "1");
+    store.complete(ticket, response.clone()).unwrap();
+    drop(store);
+    disk.crash();
+    let store = open(&disk);
+    match store.claim(&scope(), "k1", fp()).unwrap() {
+        Claim::Replay(r) => assert_eq!(r, response),
+        other => panic!("expected Replay, got {other:?}"),
+    }
+}
+
+#[test]
+fn release_is_in_the_durable_image_when_release_returns() {
+    let disk = SimDisk::new();
+    let store = open(&disk);
+    let ticket = acquire(&store, "k1");
+    store.release(ticket).unwrap();
+    drop(store);
+    disk.crash();
+    let store = open(&disk);
+    let _ticket = acquire(&store, "k1");
+}
+
+#[test]
+fn fences_never_repeat_across_a_power_loss() {
+    let disk = SimDisk::new();
+    let store = open(&disk);
+    let mut fences: Vec<u64> = (0..5).map(|i| acquire(&store, &format!("k{i}")).fence()).collect();
+    // A released claim leaves no record: only the meta high-water mark remembers its fence.
+    let last = acquire(&store, "released");
+    fences.push(last.fence());
+    store.release(last).unwrap();
+    drop(store);
+    disk.crash();
+    let store = open(&disk);
+    let next = acquire(&store, "after").fence();
+    assert!(
+        next > *fences.iter().max().unwrap(),
+        "fence {next} reissued after crash (before: {fences:?})"
+    );
+}
+
+/// A failed fsync must not leave the index claiming what the disk does not hold, and the store
+/// must stop rather than guess.
+#[test]
+fn failed_sync_fails_the_claim_and_halts_the_store() {
+    let disk = SimDisk::new();
+    let store = open(&disk);
+    let held = acquire(&store, "before");
+    disk.fail_syncs_after(0);
+    let err = store.claim(&scope(), "k1", fp()).unwrap_err();
+    assert!(matches!(err, Error::Io(_) | Error::Storage(_)), "{err:?}");
+    for result in [
+        store.claim(&scope(), "k2", fp()).map(|_| ()),
+        store.get(&scope(), "k1").map(|_| ()),
+        store.complete(held, Response::new(200, "")),
+        store.purge_expired().map(|_| ()),
+        store.reap(|_| crate::Resolution::Keep).map(|_| ()),
+    ] {
+        match result {
+            Err(Error::Halted { cause }) => assert!(!cause.is_empty()),
+            other => panic!("expected Halted, got {other:?}"),
+        }
+    }
+    assert!(Error::Halted { cause: "x".into() }
+        .to_string()
+        .contains("reopen"));
+    drop(store);
+    disk.crash();
+    let store = open(&disk);
+    // The failed claim was never acknowledged; the disk does not hold it.
+    assert!(store.get(&scope(), "k1").unwrap().is_none());
+    let _ticket = acquire(&store, "k1");
+    assert!(store.get(&scope(), "before").unwrap().is_some());
+}
+
+#[test]
+fn failed_write_fails_the_completion_and_keeps_the_claim_on_disk() {
+    let disk = SimDisk::new();
+    let store = open(&disk);
+    let ticket = acquire(&store, "k1");
+    disk.fail_writes_after(0);
+    assert!(store.complete(ticket, Response::new(200, "ok")).is_err());
+    assert!(matches!(
+        store.claim(&scope(), "k1", fp()),
+        Err(Error::Halted { .. })
+    ));
+    drop(store);
+    disk.crash();
+    let store = open(&disk);
+    // Still the acknowledged in-progress claim, never a completion the disk does not hold.
+    match store.get(&scope(), "k1").unwrap().unwrap().state {
+        crate::EntryState::InProgress { orphan, .. } => assert!(orphan),
+        other => panic!("expected in progress, got {other:?}"),
+    }
+}
+
+#[test]
+fn concurrent_claims_share_commits() {
+    let disk = SimDisk::new();
+    let store = open(&disk);
+    let syncs = disk.syncs();
+    let threads = 16;
+    let per_thread = 20;
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let store = store.clone();
+            s.spawn(move || {
+                for i in 0..per_thread {
+                    let _ticket = acquire(&store, &format!("t{t}-k{i}"));
+                }
+            });
+        }
+    });
+    let stats = store.stats();
+    assert_eq!(stats.acquired, threads * per_thread);
+    assert!(stats.commit_batches <= stats.acquired);
+    assert!(disk.syncs() - syncs >= 1);
+}

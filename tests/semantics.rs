@@ -1,0 +1,607 @@
+//! One test (or more) for every numbered semantic of the core engine, on real files.
+
+use idemdb::{
+    Claim, EntryState, Error, Fingerprint, InputProblem, ManualClock, Resolution, Response, Scope,
+    StalePolicy, Store, Ticket,
+};
+use std::path::PathBuf;
+use std::sync::{Arc, Barrier};
+use std::time::Duration;
+
+const LEASE: Duration = Duration::from_secs(60);
+const TTL: Duration = Duration::from_secs(24 * 3600);
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    path: PathBuf,
+    clock: ManualClock,
+    policy: StalePolicy,
+}
+
+impl Fixture {
+    fn new() -> Fixture {
+        Fixture::with_policy(StalePolicy::TakeOver)
+    }
+
+    fn with_policy(policy: StalePolicy) -> Fixture {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("store.idem");
+        Fixture {
+            _dir: dir,
+            path,
+            clock: ManualClock::new(),
+            policy,
+        }
+    }
+
+    fn open(&self) -> Store {
+        Store::builder()
+            .lease(LEASE)
+            .ttl(TTL)
+            .stale_policy(self.policy)
+            .clock(self.clock.clone())
+            .open(&self.path)
+            .unwrap()
+    }
+}
+
+fn pay() -> Scope {
+    Scope::new("tenant_a", "POST /v1/payments")
+}
+
+fn fp(body: &str) -> Fingerprint {
+    Fingerprint::of(body.as_bytes())
+}
+
+fn acquire(store: &Store, scope: &Scope, key: &str, body: &str) -> Ticket {
+    match store.claim(scope, key, fp(body)).unwrap() {
+        Claim::Acquired(t) => t,
+        other => panic!("expected Acquired for {key}, got {other:?}"),
+    }
+}
+
+fn replay(store: &Store, scope: &Scope, key: &str, body: &str) -> Response {
+    match store.claim(scope, key, fp(body)).unwrap() {
+        Claim::Replay(r) => r,
+        other => panic!("expected Replay for {key}, got {other:?}"),
+    }
+}
+
+fn assert_in_progress(claim: Claim) -> Duration {
+    match claim {
+        Claim::InProgress { retry_after, .. } => retry_after,
+        other => panic!("expected InProgress, got {other:?}"),
+    }
+}
+
+fn rich_response() -> Response {
+    Response::new(201, b"{\"id\":\"pay_1\",\"bin\":\"\x00\xff\"}".to_vec())
+        .with_header("Content-Type", "application/json")
+        .with_header("set-cookie", "a=1")
+        .with_header("X-Trace", b"\x80raw".to_vec())
+        .with_header("set-cookie", "b=2")
+}
+
+// 1. A new key is acquired, durably; concurrent claims: exactly one acquires.
+
+#[test]
+fn new_key_is_acquired_and_survives_reopen() {
+    let f = Fixture::new();
+    let store = f.open();
+    let ticket = acquire(&store, &pay(), "k1", "a");
+    assert!(ticket.takeover().is_none());
+    drop(store);
+    let store = f.open();
+    assert_in_progress(store.claim(&pay(), "k1", fp("a")).unwrap());
+    drop(ticket);
+}
+
+#[test]
+fn concurrent_claims_of_one_key_acquire_exactly_once() {
+    let f = Fixture::new();
+    let store = f.open();
+    let threads = 32;
+    for round in 0..5 {
+        let key = format!("race-{round}");
+        let barrier = Arc::new(Barrier::new(threads));
+        let outcomes: Vec<Claim> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..threads)
+                .map(|_| {
+                    let (store, barrier, key) = (store.clone(), barrier.clone(), key.clone());
+                    s.spawn(move || {
+                        barrier.wait();
+                        store.claim(&pay(), &key, fp("a")).unwrap()
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let acquired = outcomes
+            .iter()
+            .filter(|c| matches!(c, Claim::Acquired(_)))
+            .count();
+        assert_eq!(acquired, 1, "round {round}: {outcomes:?}");
+        for c in outcomes {
+            if let Claim::InProgress { retry_after, .. } = c {
+                assert!(retry_after > Duration::ZERO);
+            } else {
+                assert!(matches!(c, Claim::Acquired(_)));
+            }
+        }
+    }
+}
+
+// 2. Replay is byte-identical, and survives reopen.
+
+#[test]
+fn completed_key_replays_byte_identical_response() {
+    let f = Fixture::new();
+    let store = f.open();
+    let t = acquire(&store, &pay(), "k1", "a");
+    store.complete(t, rich_response()).unwrap();
+    let r = replay(&store, &pay(), "k1", "a");
+    assert_eq!(r, rich_response());
+    assert_eq!(r.headers()[1].0, "set-cookie");
+    assert_eq!(r.headers()[3].1, b"b=2");
+    drop(store);
+    let store = f.open();
+    assert_eq!(replay(&store, &pay(), "k1", "a"), rich_response());
+    assert_eq!(store.stats().replays, 1);
+}
+
+// 3. A different fingerprint is a mismatch, in progress or completed; nothing changes.
+
+#[test]
+fn different_fingerprint_is_a_mismatch_and_changes_nothing() {
+    let f = Fixture::new();
+    let store = f.open();
+    let t = acquire(&store, &pay(), "k1", "amount=5000");
+    let before = store.get(&pay(), "k1").unwrap();
+    match store.claim(&pay(), "k1", fp("amount=500000")).unwrap() {
+        Claim::Mismatch { completed } => assert!(!completed),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(store.get(&pay(), "k1").unwrap(), before);
+    store.complete(t, Response::new(201, "paid")).unwrap();
+    let before = store.get(&pay(), "k1").unwrap();
+    match store.claim(&pay(), "k1", fp("amount=500000")).unwrap() {
+        Claim::Mismatch { completed } => assert!(completed),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(store.get(&pay(), "k1").unwrap(), before);
+    assert_eq!(replay(&store, &pay(), "k1", "amount=5000").body(), b"paid");
+    assert_eq!(store.stats().mismatches, 2);
+}
+
+// 4. Release deletes durably; the next claim acquires.
+
+#[test]
+fn release_frees_the_key_durably() {
+    let f = Fixture::new();
+    let store = f.open();
+    let t = acquire(&store, &pay(), "k1", "a");
+    store.release(t).unwrap();
+    assert!(store.get(&pay(), "k1").unwrap().is_none());
+    drop(store);
+    let store = f.open();
+    assert!(store.get(&pay(), "k1").unwrap().is_none());
+    let t = acquire(&store, &pay(), "k1", "b");
+    store.complete(t, Response::new(200, "second")).unwrap();
+    assert_eq!(replay(&store, &pay(), "k1", "b").body(), b"second");
+}
+
+// 5. Scopes are (tenant, endpoint, key), encoded without ambiguity.
+
+#[test]
+fn scopes_are_independent_and_unambiguous() {
+    let f = Fixture::new();
+    let store = f.open();
+    let ab_c = Scope::new("ab", "c");
+    let a_bc = Scope::new("a", "bc");
+    let t1 = acquire(&store, &ab_c, "k", "x");
+    let t2 = acquire(&store, &a_bc, "k", "x");
+    store.complete(t1, Response::new(200, "ab/c")).unwrap();
+    assert_in_progress(store.claim(&a_bc, "k", fp("x")).unwrap());
+    store.complete(t2, Response::new(200, "a/bc")).unwrap();
+    assert_eq!(replay(&store, &ab_c, "k", "x").body(), b"ab/c");
+    assert_eq!(replay(&store, &a_bc, "k", "x").body(), b"a/bc");
+
+    // Same key, other tenant: a fresh record, never the first tenant's response.
+    let other_tenant = Scope::new("tenant_b", "POST /v1/payments");
+    let t = acquire(&store, &pay(), "shared-key", "x");
+    store.complete(t, Response::new(201, "secret of a")).unwrap();
+    let tb = acquire(&store, &other_tenant, "shared-key", "x");
+    assert!(store.get(&other_tenant, "shared-key").unwrap().is_some());
+    store.release(tb).unwrap();
+    assert_eq!(replay(&store, &pay(), "shared-key", "x").body(), b"secret of a");
+    let other_endpoint = Scope::new("tenant_a", "POST /v1/refunds");
+    let _t = acquire(&store, &other_endpoint, "shared-key", "x");
+}
+
+// 6. TTL: expired records are absent before purge; purge removes them in time order.
+
+#[test]
+fn expired_record_is_absent_before_purge() {
+    let f = Fixture::new();
+    let store = f.open();
+    let t = acquire(&store, &pay(), "k1", "a");
+    store.complete(t, Response::new(200, "old")).unwrap();
+    f.clock.advance(TTL - Duration::from_millis(1));
+    assert_eq!(replay(&store, &pay(), "k1", "a").body(), b"old");
+    f.clock.advance(Duration::from_millis(1));
+    assert!(store.get(&pay(), "k1").unwrap().is_none());
+    // Expired: even another fingerprint acquires (the old record is gone for every read).
+    let t = acquire(&store, &pay(), "k1", "different");
+    store.complete(t, Response::new(200, "new")).unwrap();
+    assert_eq!(replay(&store, &pay(), "k1", "different").body(), b"new");
+    assert_eq!(store.purge_expired().unwrap(), 0, "the re-claimed key is live");
+    drop(store);
+    let store = f.open();
+    assert_eq!(replay(&store, &pay(), "k1", "different").body(), b"new");
+}
+
+#[test]
+fn purge_deletes_expired_records_oldest_first() {
+    let f = Fixture::new();
+    let store = f.open();
+    for i in 0..10 {
+        let t = acquire(&store, &pay(), &format!("k{i}"), "a");
+        store.complete(t, Response::new(200, "x")).unwrap();
+        f.clock.advance(Duration::from_secs(60));
+    }
+    let _held = acquire(&store, &pay(), "in-progress", "a");
+    assert_eq!(store.purge_expired().unwrap(), 0);
+    // k0 completed at t0, k9 at t0 + 9 min: advance so that k0..=k3 expired.
+    f.clock.advance(TTL - Duration::from_secs(60 * 6 + 1));
+    assert_eq!(store.purge_expired().unwrap(), 4);
+    for i in 0..10 {
+        let present = store.get(&pay(), &format!("k{i}")).unwrap().is_some();
+        assert_eq!(present, i >= 4, "k{i}");
+    }
+    assert_eq!(store.purge_expired().unwrap(), 0);
+    assert_eq!(store.stats().purged, 4);
+    assert_eq!(store.stats().live_records, 7);
+    drop(store);
+    let store = f.open();
+    assert_eq!(store.stats().live_records, 7, "purge is durable");
+    f.clock.advance(TTL);
+    assert_eq!(store.purge_expired().unwrap(), 6, "in-progress claims never expire");
+}
+
+#[test]
+fn purge_handles_more_than_one_chunk() {
+    let f = Fixture::new();
+    let store = f.open();
+    let n = 5000;
+    std::thread::scope(|s| {
+        for t in 0..8 {
+            let store = store.clone();
+            s.spawn(move || {
+                for i in (t..n).step_by(8) {
+                    let ticket = acquire(&store, &pay(), &format!("k{i}"), "a");
+                    store.complete(ticket, Response::new(200, "x")).unwrap();
+                }
+            });
+        }
+    });
+    f.clock.advance(TTL);
+    assert_eq!(store.purge_expired().unwrap(), n);
+    assert_eq!(store.stats().live_records, 0);
+}
+
+// 7. Leases: extend renews; stale claims are taken over (default) or kept for reap.
+
+#[test]
+fn extend_renews_the_lease() {
+    let f = Fixture::new();
+    let store = f.open();
+    let t = acquire(&store, &pay(), "k1", "a");
+    f.clock.advance(Duration::from_secs(50));
+    store.extend(&t, Duration::from_secs(60)).unwrap();
+    f.clock.advance(Duration::from_secs(50));
+    // 100 s after the claim, past the original lease, but within the extension.
+    assert_in_progress(store.claim(&pay(), "k1", fp("a")).unwrap());
+    assert_eq!(store.reap(|_| Resolution::Release).unwrap(), 0);
+    drop(store);
+    let store = f.open();
+    match store.get(&pay(), "k1").unwrap().unwrap().state {
+        EntryState::InProgress { lease_deadline, .. } => {
+            assert_eq!(lease_deadline, t.lease_deadline(), "extension is durable")
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn stale_claim_is_taken_over_and_the_old_ticket_is_fenced_off() {
+    let f = Fixture::new();
+    let store = f.open();
+    let old = acquire(&store, &pay(), "k1", "a");
+    f.clock.advance(LEASE - Duration::from_millis(1));
+    let retry = assert_in_progress(store.claim(&pay(), "k1", fp("a")).unwrap());
+    assert!(retry <= Duration::from_millis(1));
+    f.clock.advance(Duration::from_millis(1));
+    let new = acquire(&store, &pay(), "k1", "a");
+    let takeover = new.takeover().expect("a takeover says so");
+    assert_eq!(takeover.previous_fence, old.fence());
+    assert!(!takeover.orphan);
+    assert!(new.fence() > old.fence());
+    assert_eq!(store.stats().takeovers, 1);
+    // The abandoned attempt wakes up late: it can change nothing.
+    assert!(matches!(
+        store.extend(&old, LEASE),
+        Err(Error::LeaseLost { .. })
+    ));
+    assert!(matches!(
+        store.complete(old, Response::new(200, "late")),
+        Err(Error::LeaseLost { .. })
+    ));
+    store.complete(new, Response::new(200, "new")).unwrap();
+    assert_eq!(replay(&store, &pay(), "k1", "a").body(), b"new");
+}
+
+#[test]
+fn stale_claim_with_another_fingerprint_is_a_mismatch_not_a_takeover() {
+    let f = Fixture::new();
+    let store = f.open();
+    let _old = acquire(&store, &pay(), "k1", "a");
+    f.clock.advance(LEASE);
+    assert!(matches!(
+        store.claim(&pay(), "k1", fp("b")).unwrap(),
+        Claim::Mismatch { completed: false }
+    ));
+}
+
+#[test]
+fn keep_policy_leaves_stale_claims_to_reap() {
+    let f = Fixture::with_policy(StalePolicy::Keep);
+    let store = f.open();
+    let old = acquire(&store, &pay(), "k1", "a");
+    let _other = acquire(&store, &pay(), "k2", "a");
+    f.clock.advance(LEASE * 2);
+    assert_in_progress(store.claim(&pay(), "k1", fp("a")).unwrap());
+    let mut seen = Vec::new();
+    let resolved = store
+        .reap(|stale| {
+            seen.push((stale.key.clone(), stale.fence, stale.orphan));
+            if stale.key == "k1" {
+                Resolution::Complete(Response::new(200, "reconciled"))
+            } else {
+                Resolution::Keep
+            }
+        })
+        .unwrap();
+    seen.sort();
+    assert_eq!(resolved, 1);
+    assert_eq!(seen.len(), 2);
+    assert_eq!(seen[0], ("k1".into(), old.fence(), false));
+    assert_eq!(replay(&store, &pay(), "k1", "a").body(), b"reconciled");
+    assert!(matches!(
+        store.complete(old, Response::new(200, "late")),
+        Err(Error::LeaseLost { .. })
+    ));
+    // Kept: offered again on the next reap.
+    assert_eq!(store.reap(|_| Resolution::Release).unwrap(), 1);
+    let _t = acquire(&store, &pay(), "k2", "a");
+    assert_eq!(store.stats().reaped, 2);
+}
+
+#[test]
+fn reap_sees_stale_claims_under_the_takeover_policy_too() {
+    let f = Fixture::new();
+    let store = f.open();
+    let t = acquire(&store, &pay(), "k1", "a");
+    let _live = acquire(&store, &pay(), "k2", "a");
+    f.clock.advance(LEASE);
+    let _fresh = acquire(&store, &pay(), "k3", "a");
+    let mut keys = Vec::new();
+    store
+        .reap(|s| {
+            keys.push(s.key.clone());
+            Resolution::Keep
+        })
+        .unwrap();
+    keys.sort();
+    assert_eq!(keys, ["k1", "k2"]);
+    assert_eq!(store.reap(|_| Resolution::Release).unwrap(), 2);
+    assert!(matches!(store.release(t), Err(Error::LeaseLost { .. })));
+}
+
+// 8. After reopen, in-progress records are orphans: reap sees them at once; claims wait out
+//    the lease.
+
+#[test]
+fn orphans_are_reaped_at_once_but_claims_wait_for_the_lease() {
+    let f = Fixture::new();
+    let store = f.open();
+    let before = acquire(&store, &pay(), "k1", "a");
+    let before_fence = before.fence();
+    let _t2 = acquire(&store, &pay(), "k2", "a");
+    drop(store);
+    let store = f.open();
+    assert_in_progress(store.claim(&pay(), "k1", fp("a")).unwrap());
+    let mut orphans = Vec::new();
+    store
+        .reap(|s| {
+            assert!(s.orphan);
+            orphans.push(s.key.clone());
+            if s.key == "k2" {
+                Resolution::Release
+            } else {
+                Resolution::Keep
+            }
+        })
+        .unwrap();
+    orphans.sort();
+    assert_eq!(orphans, ["k1", "k2"]);
+    let _t = acquire(&store, &pay(), "k2", "a");
+    f.clock.advance(LEASE);
+    let t = acquire(&store, &pay(), "k1", "a");
+    let takeover = t.takeover().unwrap();
+    assert!(takeover.orphan);
+    assert_eq!(takeover.previous_fence, before_fence);
+    // The pre-reopen ticket is from another store instance: fenced off.
+    assert!(matches!(
+        store.complete(before, Response::new(200, "")),
+        Err(Error::LeaseLost { .. })
+    ));
+}
+
+// 9. Fencing tokens only grow, across restarts.
+
+#[test]
+fn fences_grow_across_reopens() {
+    let f = Fixture::new();
+    let mut last = 0;
+    for round in 0..4 {
+        let store = f.open();
+        for i in 0..5 {
+            let t = acquire(&store, &pay(), &format!("r{round}-{i}"), "a");
+            assert!(t.fence() > last, "fence {} after {last}", t.fence());
+            last = t.fence();
+            if i % 2 == 0 {
+                store.release(t).unwrap();
+            } else {
+                store.complete(t, Response::new(200, "")).unwrap();
+            }
+        }
+    }
+}
+
+#[test]
+fn released_or_completed_tickets_are_lost() {
+    let f = Fixture::new();
+    let store = f.open();
+    let t = acquire(&store, &pay(), "k1", "a");
+    let fence = t.fence();
+    store.release(t).unwrap();
+    let t2 = acquire(&store, &pay(), "k1", "a");
+    assert!(t2.fence() > fence);
+    store.complete(t2, Response::new(200, "x")).unwrap();
+    // A ticket of another store never matches, even with the same key.
+    let other = Store::in_memory().unwrap();
+    let foreign = acquire(&other, &pay(), "k1", "a");
+    assert!(matches!(
+        store.release(foreign),
+        Err(Error::LeaseLost { .. })
+    ));
+    assert_eq!(replay(&store, &pay(), "k1", "a").body(), b"x");
+}
+
+// 10. Input is validated; bad input stores nothing.
+
+#[test]
+fn invalid_keys_are_refused_and_store_nothing() {
+    let f = Fixture::new();
+    let store = f.open();
+    let long = "k".repeat(256);
+    for key in ["", "has space", "tab\t", "é", "nul\0", long.as_str()] {
+        match store.claim(&pay(), key, fp("a")) {
+            Err(Error::InvalidKey { .. }) => {}
+            other => panic!("{key:?}: {other:?}"),
+        }
+        assert!(matches!(
+            store.get(&pay(), key),
+            Err(Error::InvalidKey { .. })
+        ));
+    }
+    assert!(matches!(
+        store.claim(&pay(), &long, fp("a")),
+        Err(Error::InvalidKey {
+            reason: InputProblem::TooLong { len: 256, max: 255 }
+        })
+    ));
+    for scope in [
+        Scope::new("", "POST /x"),
+        Scope::new("t", ""),
+        Scope::new("t".repeat(256), "POST /x"),
+        Scope::new("t", "e".repeat(1025)),
+    ] {
+        assert!(matches!(
+            store.claim(&scope, "k", fp("a")),
+            Err(Error::InvalidScope { .. })
+        ));
+    }
+    assert_eq!(store.stats().live_records, 0);
+    assert_eq!(store.stats().commit_batches, 0);
+    let _ok = acquire(&store, &Scope::new("t".repeat(255), "e".repeat(1024)), &"~".repeat(255), "a");
+}
+
+#[test]
+fn oversize_response_is_refused_and_the_claim_stays_held() {
+    let f = Fixture::new();
+    let store = Store::builder()
+        .max_response_bytes(1024)
+        .clock(f.clock.clone())
+        .open(&f.path)
+        .unwrap();
+    let t = acquire(&store, &pay(), "k1", "a");
+    let err = store
+        .complete(t, Response::new(200, vec![0u8; 2000]))
+        .unwrap_err();
+    assert!(err.to_string().contains("1024"), "{err}");
+    let Error::ResponseTooLarge {
+        limit: 1024,
+        ticket: Some(t),
+        ..
+    } = err
+    else {
+        panic!("{err:?}")
+    };
+    assert_in_progress(store.claim(&pay(), "k1", fp("a")).unwrap());
+    let t = *t;
+    store.complete(t, Response::new(200, vec![0u8; 900])).unwrap();
+}
+
+// 12. A corrupt record refuses the open, naming the key.
+
+#[test]
+fn corrupt_record_refuses_open_and_names_the_key() {
+    let f = Fixture::new();
+    let store = f.open();
+    let t = acquire(&store, &pay(), "victim-key", "a");
+    store.complete(t, Response::new(200, "paid")).unwrap();
+    drop(store);
+    {
+        let db = redb::Database::open(&f.path).unwrap();
+        let records: redb::TableDefinition<&[u8], &[u8]> = redb::TableDefinition::new("records");
+        let txn = db.begin_write().unwrap();
+        {
+            let mut table = txn.open_table(records).unwrap();
+            let key: Vec<u8> = {
+                use redb::ReadableTable as _;
+                let first = table.iter().unwrap().next().unwrap().unwrap();
+                first.0.value().to_vec()
+            };
+            let mut value = redb::ReadableTable::get(&table, key.as_slice()).unwrap().unwrap().value().to_vec();
+            let last = value.len() - 10;
+            value[last] ^= 0x01;
+            table.insert(key.as_slice(), value.as_slice()).unwrap();
+        }
+        txn.commit().unwrap();
+    }
+    match Store::open(&f.path) {
+        Err(Error::Corrupted { key, reason }) => {
+            assert!(key.contains("victim-key"), "{key}");
+            assert!(reason.contains("crc32"), "{reason}");
+        }
+        other => panic!("expected Corrupted, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_second_open_of_the_same_file_is_refused() {
+    let f = Fixture::new();
+    let _store = f.open();
+    match Store::open(&f.path) {
+        Err(Error::AlreadyOpen) => {}
+        other => panic!("expected AlreadyOpen, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_file_that_is_not_a_store_is_refused() {
+    let f = Fixture::new();
+    std::fs::write(&f.path, b"this is not a redb file, just some text").unwrap();
+    assert!(Store::open(&f.path).is_err());
+}
