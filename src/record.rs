@@ -242,3 +242,82 @@ mod tests {
         );
     }
 }
+
+/// Pins the on-disk encoding byte for byte (`docs/format.md` walks through these bytes). If
+/// this test fails, the format changed: bump [`RECORD_FORMAT`] and keep a decoder for the old
+/// one, never edit the expected bytes to match.
+#[cfg(test)]
+mod golden {
+    use super::*;
+
+    fn hex(bytes: &[u8]) -> String {
+        bytes.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    const KEY: &[u8] = b"\x01t\x00\x01ek";
+
+    #[test]
+    fn in_progress_record_bytes() {
+        let r = Record {
+            fence: 0x0102,
+            fingerprint: [0x11; 32],
+            claimed_at: 1_767_225_600_000,
+            state: RecordState::InProgress {
+                lease_until: 1_767_225_660_000,
+            },
+        };
+        let expect = concat!(
+            "01",                                                               // format
+            "0201000000000000",                                                 // fence
+            "1111111111111111111111111111111111111111111111111111111111111111", // fingerprint
+            "00a8da769b010000",                                                 // claimed_at
+            "00000000",                                                         // InProgress
+            "6092db769b010000",                                                 // lease_until
+        );
+        let bytes = r.encode(KEY);
+        let (body, crc) = bytes.split_at(bytes.len() - 4);
+        assert_eq!(hex(body), expect);
+        assert_eq!(hex(crc), "8ccdfbeb");
+        assert_eq!(Record::decode(KEY, &bytes).unwrap(), r);
+    }
+
+    #[test]
+    fn completed_record_bytes() {
+        let r = Record {
+            fence: 7,
+            fingerprint: [0x22; 32],
+            claimed_at: 1,
+            state: RecordState::Completed {
+                completed_at: 2,
+                expires_at: 3,
+                response: StoredResponse {
+                    status: 201,
+                    headers: vec![("a".into(), b"bc".to_vec())],
+                    body: b"ok".to_vec(),
+                },
+            },
+        };
+        let expect = concat!(
+            "01",                                                               // format
+            "0700000000000000",                                                 // fence
+            "2222222222222222222222222222222222222222222222222222222222222222", // fingerprint
+            "0100000000000000",                                                 // claimed_at
+            "01000000",                                                         // Completed
+            "0200000000000000",                                                 // completed_at
+            "0300000000000000",                                                 // expires_at
+            "c900",                                                             // status 201
+            "0100000000000000",                                                 // 1 header
+            "0100000000000000",                                                 // name len
+            "61",                                                               // "a"
+            "0200000000000000",                                                 // value len
+            "6263",                                                             // "bc"
+            "0200000000000000",                                                 // body len
+            "6f6b",                                                             // "ok"
+        );
+        let bytes = r.encode(KEY);
+        let (body, crc) = bytes.split_at(bytes.len() - 4);
+        assert_eq!(hex(body), expect);
+        assert_eq!(hex(crc), "6dedb888");
+        assert_eq!(Record::decode(KEY, &bytes).unwrap(), r);
+    }
+}
