@@ -62,3 +62,7 @@ pub use response::Response;
 pub use scope::{validate_key, Scope, MAX_ENDPOINT_LEN, MAX_KEY_LEN, MAX_TENANT_LEN};
 pub use stats::Stats;
 pub use store::Store;
+
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -106,7 +106,11 @@ pub fn validate_key(key: &str) -> Result<()> {
 pub(crate) fn scoped_key(scope: &Scope, key: &str) -> Result<Box<[u8]>> {
     scope.validate()?;
     validate_key(key)?;
-    let (t, e, k) = (scope.tenant.as_bytes(), scope.endpoint.as_bytes(), key.as_bytes());
+    let (t, e, k) = (
+        scope.tenant.as_bytes(),
+        scope.endpoint.as_bytes(),
+        key.as_bytes(),
+    );
     let mut out = Vec::with_capacity(3 + t.len() + e.len() + k.len());
     out.push(u8::try_from(t.len()).expect("tenant length validated"));
     out.extend_from_slice(t);

@@ -96,7 +96,10 @@ impl Store {
         Store::backend_with(config, redb::backends::InMemoryBackend::new())
     }
 
-    pub(crate) fn backend_with(config: Config, backend: impl redb::StorageBackend) -> Result<Store> {
+    pub(crate) fn backend_with(
+        config: Config,
+        backend: impl redb::StorageBackend,
+    ) -> Result<Store> {
         let db = redb::Builder::new().create_with_backend(backend)?;
         Store::start(config, db)
     }
@@ -497,9 +500,7 @@ impl Store {
     pub fn stats(&self) -> Stats {
         let inner = &*self.inner;
         let live = u64::try_from(inner.index.len()).unwrap_or(u64::MAX);
-        inner
-            .counters
-            .snapshot(inner.pipeline.batches(), live)
+        inner.counters.snapshot(inner.pipeline.batches(), live)
     }
 }
 

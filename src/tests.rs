@@ -74,7 +74,9 @@ fn release_is_in_the_durable_image_when_release_returns() {
 fn fences_never_repeat_across_a_power_loss() {
     let disk = SimDisk::new();
     let store = open(&disk);
-    let mut fences: Vec<u64> = (0..5).map(|i| acquire(&store, &format!("k{i}")).fence()).collect();
+    let mut fences: Vec<u64> = (0..5)
+        .map(|i| acquire(&store, &format!("k{i}")).fence())
+        .collect();
     // A released claim leaves no record: only the meta high-water mark remembers its fence.
     let last = acquire(&store, "released");
     fences.push(last.fence());

@@ -209,11 +209,16 @@ fn scopes_are_independent_and_unambiguous() {
     // Same key, other tenant: a fresh record, never the first tenant's response.
     let other_tenant = Scope::new("tenant_b", "POST /v1/payments");
     let t = acquire(&store, &pay(), "shared-key", "x");
-    store.complete(t, Response::new(201, "secret of a")).unwrap();
+    store
+        .complete(t, Response::new(201, "secret of a"))
+        .unwrap();
     let tb = acquire(&store, &other_tenant, "shared-key", "x");
     assert!(store.get(&other_tenant, "shared-key").unwrap().is_some());
     store.release(tb).unwrap();
-    assert_eq!(replay(&store, &pay(), "shared-key", "x").body(), b"secret of a");
+    assert_eq!(
+        replay(&store, &pay(), "shared-key", "x").body(),
+        b"secret of a"
+    );
     let other_endpoint = Scope::new("tenant_a", "POST /v1/refunds");
     let _t = acquire(&store, &other_endpoint, "shared-key", "x");
 }
@@ -234,7 +239,11 @@ fn expired_record_is_absent_before_purge() {
     let t = acquire(&store, &pay(), "k1", "different");
     store.complete(t, Response::new(200, "new")).unwrap();
     assert_eq!(replay(&store, &pay(), "k1", "different").body(), b"new");
-    assert_eq!(store.purge_expired().unwrap(), 0, "the re-claimed key is live");
+    assert_eq!(
+        store.purge_expired().unwrap(),
+        0,
+        "the re-claimed key is live"
+    );
     drop(store);
     let store = f.open();
     assert_eq!(replay(&store, &pay(), "k1", "different").body(), b"new");
@@ -265,7 +274,11 @@ fn purge_deletes_expired_records_oldest_first() {
     let store = f.open();
     assert_eq!(store.stats().live_records, 7, "purge is durable");
     f.clock.advance(TTL);
-    assert_eq!(store.purge_expired().unwrap(), 6, "in-progress claims never expire");
+    assert_eq!(
+        store.purge_expired().unwrap(),
+        6,
+        "in-progress claims never expire"
+    );
 }
 
 #[test]
@@ -524,7 +537,12 @@ fn invalid_keys_are_refused_and_store_nothing() {
     }
     assert_eq!(store.stats().live_records, 0);
     assert_eq!(store.stats().commit_batches, 0);
-    let _ok = acquire(&store, &Scope::new("t".repeat(255), "e".repeat(1024)), &"~".repeat(255), "a");
+    let _ok = acquire(
+        &store,
+        &Scope::new("t".repeat(255), "e".repeat(1024)),
+        &"~".repeat(255),
+        "a",
+    );
 }
 
 #[test]
@@ -550,7 +568,9 @@ fn oversize_response_is_refused_and_the_claim_stays_held() {
     };
     assert_in_progress(store.claim(&pay(), "k1", fp("a")).unwrap());
     let t = *t;
-    store.complete(t, Response::new(200, vec![0u8; 900])).unwrap();
+    store
+        .complete(t, Response::new(200, vec![0u8; 900]))
+        .unwrap();
 }
 
 // 12. A corrupt record refuses the open, naming the key.
@@ -573,7 +593,11 @@ fn corrupt_record_refuses_open_and_names_the_key() {
                 let first = table.iter().unwrap().next().unwrap().unwrap();
                 first.0.value().to_vec()
             };
-            let mut value = redb::ReadableTable::get(&table, key.as_slice()).unwrap().unwrap().value().to_vec();
+            let mut value = redb::ReadableTable::get(&table, key.as_slice())
+                .unwrap()
+                .unwrap()
+                .value()
+                .to_vec();
             let last = value.len() - 10;
             value[last] ^= 0x01;
             table.insert(key.as_slice(), value.as_slice()).unwrap();
