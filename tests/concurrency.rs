@@ -1,0 +1,108 @@
+//! Many threads racing on a few shared keys: exactly one execution per key per generation (a
+//! generation ends when its holder releases), and every completed key replays what its one
+//! execution stored.
+
+use idemdb::{Claim, Fingerprint, Response, Scope, Store};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
+
+struct Key {
+    name: String,
+    executing: AtomicBool,
+    executions: AtomicU64,
+    releases: AtomicU64,
+}
+
+#[test]
+fn racing_threads_execute_each_key_once_per_generation() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::builder()
+        .retry_after(std::time::Duration::from_millis(1))
+        .open(dir.path().join("race.idem"))
+        .unwrap();
+    let scope = Scope::new("tenant", "POST /v1/jobs");
+    let keys: Vec<Key> = (0..12)
+        .map(|i| Key {
+            name: format!("job-{i}"),
+            executing: AtomicBool::new(false),
+            executions: AtomicU64::new(0),
+            releases: AtomicU64::new(0),
+        })
+        .collect();
+    let stored: Mutex<HashMap<String, Vec<u8>>> = Mutex::default();
+    let threads = 16;
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let (store, scope, keys, stored) = (&store, &scope, &keys, &stored);
+            s.spawn(move || {
+                let mut rng = 0x9E37_79B9_7F4A_7C15u64 ^ (t as u64) << 32;
+                let mut next = move || {
+                    rng ^= rng << 13;
+                    rng ^= rng >> 7;
+                    rng ^= rng << 17;
+                    rng
+                };
+                let mut done = 0;
+                while done < keys.len() * 3 {
+                    let key = &keys[(next() % keys.len() as u64) as usize];
+                    match store
+                        .claim(scope, &key.name, Fingerprint::of(b"same request"))
+                        .unwrap()
+                    {
+                        Claim::Acquired(ticket) => {
+                            assert!(
+                                !key.executing.swap(true, Ordering::SeqCst),
+                                "{} executed twice at once",
+                                key.name
+                            );
+                            let n = key.executions.fetch_add(1, Ordering::SeqCst);
+                            // A third of the first attempts fail for the moment and release.
+                            let release = n < 2 && next() % 3 == 0;
+                            key.executing.store(false, Ordering::SeqCst);
+                            if release {
+                                key.releases.fetch_add(1, Ordering::SeqCst);
+                                store.release(ticket).unwrap();
+                            } else {
+                                let body = format!("{} by thread {t} execution {n}", key.name);
+                                stored
+                                    .lock()
+                                    .unwrap()
+                                    .insert(key.name.clone(), body.clone().into_bytes());
+                                store.complete(ticket, Response::new(200, body)).unwrap();
+                            }
+                        }
+                        Claim::Replay(r) => {
+                            let expect = stored.lock().unwrap().get(&key.name).cloned();
+                            assert_eq!(Some(r.body().to_vec()), expect, "{}", key.name);
+                            done += 1;
+                        }
+                        Claim::InProgress { .. } => std::thread::yield_now(),
+                        Claim::Mismatch { .. } => panic!("one fingerprint only"),
+                    }
+                }
+            });
+        }
+    });
+    for key in &keys {
+        let executions = key.executions.load(Ordering::SeqCst);
+        let releases = key.releases.load(Ordering::SeqCst);
+        assert_eq!(
+            executions,
+            releases + 1,
+            "{}: one execution per generation",
+            key.name
+        );
+    }
+    let stats = store.stats();
+    let executions: u64 = keys
+        .iter()
+        .map(|k| k.executions.load(Ordering::SeqCst))
+        .sum();
+    assert_eq!(stats.acquired, executions);
+    assert_eq!(stats.completes, keys.len() as u64);
+    assert!(
+        stats.commit_batches < stats.acquired + stats.completes + stats.releases,
+        "group commit shares fsyncs under contention: {stats:?}"
+    );
+}
