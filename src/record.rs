@@ -321,3 +321,97 @@ mod golden {
         assert_eq!(Record::decode(KEY, &bytes).unwrap(), r);
     }
 }
+
+#[cfg(test)]
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn any_record() -> impl Strategy<Value = Record> {
+        let response = (
+            any::<u16>(),
+            proptest::collection::vec(
+                (".{0,8}", proptest::collection::vec(any::<u8>(), 0..8)),
+                0..4,
+            ),
+            proptest::collection::vec(any::<u8>(), 0..64),
+        )
+            .prop_map(|(status, headers, body)| StoredResponse {
+                status,
+                headers,
+                body,
+            });
+        let state = prop_oneof![
+            any::<u64>().prop_map(|lease_until| RecordState::InProgress { lease_until }),
+            (any::<u64>(), any::<u64>(), response).prop_map(
+                |(completed_at, expires_at, response)| {
+                    RecordState::Completed {
+                        completed_at,
+                        expires_at,
+                        response,
+                    }
+                }
+            ),
+        ];
+        (any::<u64>(), any::<[u8; 32]>(), any::<u64>(), state).prop_map(
+            |(fence, fingerprint, claimed_at, state)| Record {
+                fence,
+                fingerprint,
+                claimed_at,
+                state,
+            },
+        )
+    }
+
+    proptest! {
+        #[test]
+        fn encode_decode_round_trips(r in any_record(), key in proptest::collection::vec(any::<u8>(), 1..300)) {
+            prop_assert_eq!(Record::decode(&key, &r.encode(&key)).unwrap(), r);
+        }
+
+        /// Damaged values never panic and never decode under a checksum that was not theirs.
+        #[test]
+        fn arbitrary_bytes_never_panic(value in proptest::collection::vec(any::<u8>(), 0..256)) {
+            let _ = Record::decode(b"key", &value);
+        }
+
+        /// A body whose checksum is valid but whose lengths lie must still fail cleanly.
+        #[test]
+        fn valid_checksum_over_garbage_never_panics(body in proptest::collection::vec(any::<u8>(), 0..256)) {
+            let mut value = vec![RECORD_FORMAT];
+            value.extend_from_slice(&body);
+            let crc = checksum(b"key", &value);
+            value.extend_from_slice(&crc.to_le_bytes());
+            let _ = Record::decode(b"key", &value);
+        }
+    }
+
+    #[test]
+    fn huge_declared_length_fails_without_allocating_it() {
+        let r = Record {
+            fence: 1,
+            fingerprint: [0; 32],
+            claimed_at: 0,
+            state: RecordState::Completed {
+                completed_at: 0,
+                expires_at: 0,
+                response: StoredResponse {
+                    status: 200,
+                    headers: vec![],
+                    body: b"x".to_vec(),
+                },
+            },
+        };
+        let mut value = r.encode(b"k");
+        value.truncate(value.len() - 4);
+        // The body length is the 8 bytes before the last body byte: claim u64::MAX / 2.
+        let at = value.len() - 9;
+        value[at..at + 8].copy_from_slice(&(u64::MAX / 2).to_le_bytes());
+        let crc = checksum(b"k", &value);
+        value.extend_from_slice(&crc.to_le_bytes());
+        assert!(matches!(
+            Record::decode(b"k", &value),
+            Err(DecodeFailure::Body(_))
+        ));
+    }
+}

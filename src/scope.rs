@@ -221,3 +221,36 @@ mod tests {
         ));
     }
 }
+
+#[cfg(test)]
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn distinct_triples_never_share_an_encoding(
+            a in ("[a-c]{1,3}", "[a-c]{1,3}", "[a-c]{1,3}"),
+            b in ("[a-c]{1,3}", "[a-c]{1,3}", "[a-c]{1,3}"),
+        ) {
+            let ea = scoped_key(&Scope::new(a.0.clone(), a.1.clone()), &a.2).unwrap();
+            let eb = scoped_key(&Scope::new(b.0.clone(), b.1.clone()), &b.2).unwrap();
+            prop_assert_eq!(ea == eb, a == b);
+        }
+
+        #[test]
+        fn arbitrary_bytes_never_panic_the_splitter(bytes in proptest::collection::vec(any::<u8>(), 0..64)) {
+            if let Some((scope, key)) = split_scoped_key(&bytes) {
+                prop_assert_eq!(&*scoped_key(&scope, &key).unwrap(), &bytes[..]);
+            }
+            let _ = display_scoped_key(&bytes);
+        }
+
+        #[test]
+        fn any_string_key_is_accepted_or_refused_without_panic(key in ".{0,300}") {
+            let ok = validate_key(&key).is_ok();
+            let expect = (1..=255).contains(&key.len()) && key.bytes().all(|b| (0x21..=0x7E).contains(&b));
+            prop_assert_eq!(ok, expect);
+        }
+    }
+}
