@@ -28,8 +28,9 @@ pub enum Claim {
         /// How long to wait before retrying: the store's `retry_after` hint, capped by what is
         /// left of the holder's lease.
         retry_after: Duration,
-        /// What is left of the holder's lease (zero when it ran out and the stale policy is
-        /// [`crate::StalePolicy::Keep`]).
+        /// What is left of the holder's lease. Zero in two cases: the lease ran out and the
+        /// stale policy is [`crate::StalePolicy::Keep`], or the holder already completed and
+        /// the completion is being made durable (a retry after `retry_after` replays it).
         lease_remaining: Duration,
     },
     /// The key is held or completed for a request with another fingerprint. Nothing changed.

@@ -45,7 +45,7 @@ fn racing_threads_execute_each_key_once_per_generation() {
                 };
                 let mut done = 0;
                 while done < keys.len() * 3 {
-                    let key = &keys[(next() % keys.len() as u64) as usize];
+                    let key = &keys[usize::try_from(next() % keys.len() as u64).unwrap()];
                     match store
                         .claim(scope, &key.name, Fingerprint::of(b"same request"))
                         .unwrap()
