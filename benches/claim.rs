@@ -1,1 +1,514 @@
-fn main(){}
+//! Claim benchmarks: what a durable claim costs in idemdb, next to a naive redb baseline.
+//!
+//! Run with `cargo bench --bench claim` (a few minutes; add a filter such as
+//! `cargo bench --bench claim -- claim_throughput` to run one group).
+//!
+//! Each group asks one question:
+//!
+//! - `claim_latency_1_thread`: how long one new-key claim takes on a single thread, for idemdb
+//!   and for `naive_redb`: a plain redb database that, per claim, opens one write transaction,
+//!   `get`s the key, `insert`s a ~100-byte value if it is absent, and commits with redb's
+//!   default (`Immediate`) durability. Both pay one fsync per claim here; the ratio is
+//!   idemdb's overhead over "just redb".
+//! - `claim_throughput`: new-key claims per second with 1, 4, 16 and 64 threads. idemdb
+//!   group-commits concurrent claims (one write transaction and one fsync per batch); the
+//!   naive baseline serialises one fsync per claim, whatever the thread count.
+//! - `decisions`: the answers that change nothing (replay, in progress, mismatch) on one
+//!   thread. idemdb decides them from its in-memory index (a replay also reads the response
+//!   from the file) and never fsyncs; `naive_redb/existing_key` is what the baseline does for
+//!   any existing key: a write transaction that finds the key, and commits.
+//! - `claim_complete_cycle`: the whole life of a request, claim then complete with a
+//!   ~200-byte response, on 1 and on 16 threads (two durable writes per request).
+//!
+//! After each idemdb benchmark the number of commits (fsyncs) it made is printed to stderr, so
+//! the group-commit batch size can be read next to the figures.
+//!
+//! Files live in a fresh `tempfile::TempDir` per benchmark under Cargo's `CARGO_TARGET_TMPDIR`
+//! (`target/tmp`, on the same disk as the build; `/tmp` or `/dev/shm` may be tmpfs, where an
+//! fsync costs nothing and the comparison would be meaningless). Set `IDEMDB_BENCH_DIR` to
+//! measure another disk. Keys are 40 random visible-ASCII bytes spread over a few tenants,
+//! drawn from fixed seeds, so every run claims the same keys.
+//!
+//! Absolute figures depend on the disk's fsync latency far more than on the code, and vary
+//! from run to run and machine to machine: read the idemdb/naive ratios within one run, never
+//! across runs.
+
+use criterion::{criterion_main, BatchSize, BenchmarkId, Criterion, SamplingMode, Throughput};
+use idemdb::{Claim, Fingerprint, Response, Scope, Stats, Store};
+use redb::{ReadableTable, TableDefinition};
+use std::path::PathBuf;
+use std::sync::Barrier;
+use std::time::{Duration, Instant};
+use tempfile::TempDir;
+
+/// Distinct tenants the keys are spread over.
+const TENANTS: usize = 4;
+const ENDPOINT: &str = "POST /v1/payments";
+/// Length of every idempotency key, in bytes.
+const KEY_LEN: usize = 40;
+/// Visible ASCII, 64 symbols: six random bits pick one.
+const KEY_ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+/// Size of the value the naive baseline stores per claim (idemdb's in-progress record is ~65).
+const NAIVE_VALUE_LEN: usize = 100;
+/// Size of the response body completed in `claim_complete_cycle`.
+const RESPONSE_LEN: usize = 200;
+const THROUGHPUT_THREADS: [usize; 4] = [1, 4, 16, 64];
+const CYCLE_THREADS: [usize; 2] = [1, 16];
+
+const SEED_LATENCY: u64 = 0x1de3_db00_0000_0001;
+const SEED_THROUGHPUT: u64 = 0x1de3_db00_0000_0002;
+const SEED_DECISIONS: u64 = 0x1de3_db00_0000_0003;
+const SEED_CYCLE: u64 = 0x1de3_db00_0000_0004;
+
+/// The naive baseline's only table: key -> value.
+const NAIVE: TableDefinition<&[u8], &[u8]> = TableDefinition::new("naive");
+
+/// SplitMix64: tiny, fast, and good enough to draw keys.
+struct SplitMix64(u64);
+
+impl SplitMix64 {
+    fn new(seed: u64) -> Self {
+        SplitMix64(seed)
+    }
+
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// A value in `0..n` (the modulo bias is irrelevant for `n` this small).
+    fn below(&mut self, n: usize) -> usize {
+        let n = u64::try_from(n).expect("usize fits u64");
+        usize::try_from(self.next_u64() % n).expect("below n fits usize")
+    }
+
+    /// `len` visible-ASCII bytes.
+    fn ascii(&mut self, len: usize) -> String {
+        let mut out = String::with_capacity(len);
+        while out.len() < len {
+            let mut bits = self.next_u64();
+            for _ in 0..10 {
+                if out.len() == len {
+                    break;
+                }
+                let six = usize::try_from(bits & 63).expect("six bits fit usize");
+                out.push(char::from(KEY_ALPHABET[six]));
+                bits >>= 6;
+            }
+        }
+        out
+    }
+}
+
+/// A seed for one (benchmark, round, thread): distinct inputs give unrelated streams, so a
+/// later round never draws the keys an earlier one claimed.
+fn derive_seed(base: u64, round: u64, thread: usize) -> u64 {
+    let thread = u64::try_from(thread).expect("usize fits u64");
+    let mut mix = SplitMix64::new(base ^ round.rotate_left(32) ^ thread.rotate_left(48));
+    mix.next_u64()
+}
+
+/// One request: which tenant, which key, and the same key as the naive baseline names it.
+struct Request {
+    tenant: usize,
+    key: String,
+    naive_key: Vec<u8>,
+}
+
+/// The scopes and request fingerprint every benchmark shares.
+struct Workload {
+    scopes: Vec<Scope>,
+    fingerprint: Fingerprint,
+    response_body: Vec<u8>,
+}
+
+impl Workload {
+    fn new() -> Self {
+        let mut rng = SplitMix64::new(0x5eed);
+        Workload {
+            scopes: (0..TENANTS)
+                .map(|t| Scope::new(format!("tenant_{t:04}"), ENDPOINT))
+                .collect(),
+            fingerprint: Fingerprint::of(br#"{"amount":5000,"currency":"usd","customer":"cus_1"}"#),
+            response_body: rng.ascii(RESPONSE_LEN).into_bytes(),
+        }
+    }
+
+    /// A new request with a fresh random key.
+    fn request(&self, rng: &mut SplitMix64) -> Request {
+        let tenant = rng.below(TENANTS);
+        let key = rng.ascii(KEY_LEN);
+        let scope = &self.scopes[tenant];
+        let mut naive_key = Vec::with_capacity(scope.tenant().len() + ENDPOINT.len() + KEY_LEN + 2);
+        naive_key.extend_from_slice(scope.tenant().as_bytes());
+        naive_key.push(b'/');
+        naive_key.extend_from_slice(ENDPOINT.as_bytes());
+        naive_key.push(b'/');
+        naive_key.extend_from_slice(key.as_bytes());
+        Request {
+            tenant,
+            key,
+            naive_key,
+        }
+    }
+
+    fn response(&self) -> Response {
+        Response::new(201, self.response_body.clone())
+            .with_header("content-type", "application/json")
+    }
+}
+
+/// A fresh directory on the real disk (see the module docs).
+fn bench_dir() -> TempDir {
+    let base = std::env::var_os("IDEMDB_BENCH_DIR")
+        .map_or_else(|| PathBuf::from(env!("CARGO_TARGET_TMPDIR")), PathBuf::from);
+    std::fs::create_dir_all(&base).expect("create the bench directory");
+    tempfile::Builder::new()
+        .prefix("idemdb-bench-")
+        .tempdir_in(base)
+        .expect("create a temporary directory")
+}
+
+/// An idemdb store in its own directory; the store closes before the directory goes.
+struct IdemBench {
+    store: Store,
+    _dir: TempDir,
+}
+
+impl IdemBench {
+    fn open() -> Self {
+        Self::open_with(Store::builder())
+    }
+
+    fn open_with(builder: idemdb::StoreBuilder) -> Self {
+        let dir = bench_dir();
+        let store = builder
+            .open(dir.path().join("bench.idem"))
+            .expect("open idemdb");
+        IdemBench { store, _dir: dir }
+    }
+
+    /// Claims a new key; panics unless it is acquired. The ticket is dropped by the caller.
+    fn claim_new(&self, w: &Workload, req: &Request) -> Claim {
+        let claim = self
+            .store
+            .claim(&w.scopes[req.tenant], &req.key, w.fingerprint)
+            .expect("claim");
+        assert!(matches!(claim, Claim::Acquired(_)), "new key: {claim:?}");
+        claim
+    }
+
+    /// Claims a new key and completes it.
+    fn cycle(&self, w: &Workload, req: &Request) {
+        let Claim::Acquired(ticket) = self.claim_new(w, req) else {
+            unreachable!()
+        };
+        self.store.complete(ticket, w.response()).expect("complete");
+    }
+}
+
+/// The baseline: one plain redb write transaction, with default durability, per operation.
+struct NaiveRedb {
+    db: redb::Database,
+    value: Vec<u8>,
+    _dir: TempDir,
+}
+
+impl NaiveRedb {
+    fn open() -> Self {
+        let dir = bench_dir();
+        let db = redb::Database::create(dir.path().join("naive.redb")).expect("create redb");
+        let txn = db.begin_write().expect("begin_write");
+        txn.open_table(NAIVE).expect("create the table");
+        txn.commit().expect("commit");
+        let value = SplitMix64::new(0xba5e).ascii(NAIVE_VALUE_LEN).into_bytes();
+        NaiveRedb {
+            db,
+            value,
+            _dir: dir,
+        }
+    }
+
+    /// The naive claim: `None` if the key was absent and is now inserted, else its value.
+    fn claim(&self, key: &[u8]) -> Option<Vec<u8>> {
+        let txn = self.db.begin_write().expect("begin_write");
+        let existing = {
+            let mut table = txn.open_table(NAIVE).expect("open_table");
+            let existing = table.get(key).expect("get").map(|v| v.value().to_vec());
+            if existing.is_none() {
+                table.insert(key, self.value.as_slice()).expect("insert");
+            }
+            existing
+        };
+        txn.commit().expect("commit");
+        existing
+    }
+
+    fn claim_new(&self, req: &Request) {
+        let existing = self.claim(&req.naive_key);
+        assert!(existing.is_none(), "new key already present");
+    }
+
+    /// The naive completion: overwrite the value with the response, in its own transaction.
+    fn complete(&self, key: &[u8], response: &[u8]) {
+        let txn = self.db.begin_write().expect("begin_write");
+        txn.open_table(NAIVE)
+            .expect("open_table")
+            .insert(key, response)
+            .expect("insert");
+        txn.commit().expect("commit");
+    }
+
+    fn cycle(&self, w: &Workload, req: &Request) {
+        self.claim_new(req);
+        let mut response = Vec::with_capacity(2 + w.response_body.len());
+        response.extend_from_slice(&201u16.to_be_bytes());
+        response.extend_from_slice(&w.response_body);
+        self.complete(&req.naive_key, &response);
+    }
+}
+
+/// Runs `iters` operations on fresh keys split over `threads` threads, and returns the wall
+/// time from the moment all threads are ready until the last one finishes. Keys are drawn
+/// before the clock starts.
+fn run_parallel(
+    threads: usize,
+    iters: u64,
+    seed: u64,
+    w: &Workload,
+    op: &(dyn Fn(&Request) + Sync),
+) -> Duration {
+    let n = u64::try_from(threads).expect("usize fits u64");
+    let barrier = Barrier::new(threads + 1);
+    let start = std::thread::scope(|s| {
+        for t in 0..threads {
+            let barrier = &barrier;
+            let t64 = u64::try_from(t).expect("usize fits u64");
+            let share = iters / n + u64::from(t64 < iters % n);
+            s.spawn(move || {
+                let mut rng = SplitMix64::new(derive_seed(seed, 0, t));
+                let requests: Vec<Request> = (0..share).map(|_| w.request(&mut rng)).collect();
+                barrier.wait();
+                for req in &requests {
+                    op(req);
+                }
+            });
+        }
+        barrier.wait();
+        Instant::now()
+    });
+    start.elapsed()
+}
+
+/// Prints how many commits (fsyncs) an idemdb benchmark made, for the mean batch size.
+fn report_commits(name: &str, before: Stats, after: Stats) {
+    let ops = (after.acquired - before.acquired) + (after.completes - before.completes);
+    let commits = after.commit_batches - before.commit_batches;
+    if commits > 0 {
+        // Lossless enough for a printout.
+        #[allow(clippy::cast_precision_loss)]
+        let per = ops as f64 / commits as f64;
+        eprintln!("{name}: {ops} durable writes in {commits} commits ({per:.1} per fsync)");
+    }
+}
+
+fn claim_latency_1_thread(c: &mut Criterion) {
+    let w = Workload::new();
+    let mut g = c.benchmark_group("claim_latency_1_thread");
+    g.sample_size(30)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(8));
+
+    let idem = IdemBench::open();
+    let before = idem.store.stats();
+    let mut rng = SplitMix64::new(SEED_LATENCY);
+    g.bench_function("idemdb", |b| {
+        b.iter_batched(
+            || w.request(&mut rng),
+            |req| idem.claim_new(&w, &req),
+            BatchSize::SmallInput,
+        );
+    });
+    report_commits("claim_latency_1_thread/idemdb", before, idem.store.stats());
+    drop(idem);
+
+    let naive = NaiveRedb::open();
+    let mut rng = SplitMix64::new(SEED_LATENCY);
+    g.bench_function("naive_redb", |b| {
+        b.iter_batched(
+            || w.request(&mut rng),
+            |req| naive.claim_new(&req),
+            BatchSize::SmallInput,
+        );
+    });
+    g.finish();
+}
+
+fn claim_throughput(c: &mut Criterion) {
+    let w = Workload::new();
+    let mut g = c.benchmark_group("claim_throughput");
+    g.sample_size(10)
+        .sampling_mode(SamplingMode::Flat)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(5))
+        .throughput(Throughput::Elements(1));
+
+    for threads in THROUGHPUT_THREADS {
+        let idem = IdemBench::open();
+        let before = idem.store.stats();
+        let mut round = 0;
+        g.bench_with_input(BenchmarkId::new("idemdb", threads), &threads, |b, &n| {
+            b.iter_custom(|iters| {
+                round += 1;
+                let seed = derive_seed(SEED_THROUGHPUT, round, n);
+                run_parallel(n, iters, seed, &w, &|req| drop(idem.claim_new(&w, req)))
+            });
+        });
+        let name = format!("claim_throughput/idemdb/{threads}");
+        report_commits(&name, before, idem.store.stats());
+        drop(idem);
+
+        let naive = NaiveRedb::open();
+        let mut round = 0;
+        g.bench_with_input(
+            BenchmarkId::new("naive_redb", threads),
+            &threads,
+            |b, &n| {
+                b.iter_custom(|iters| {
+                    round += 1;
+                    let seed = derive_seed(SEED_THROUGHPUT, round, n);
+                    run_parallel(n, iters, seed, &w, &|req| naive.claim_new(req))
+                });
+            },
+        );
+    }
+    g.finish();
+}
+
+fn decisions(c: &mut Criterion) {
+    let w = Workload::new();
+    let mut rng = SplitMix64::new(SEED_DECISIONS);
+    let scope = &w.scopes[0];
+    let fp = w.fingerprint;
+    let other_fp = Fingerprint::of(br#"{"amount":9999,"currency":"usd","customer":"cus_1"}"#);
+    let (done_key, held_key) = (rng.ascii(KEY_LEN), rng.ascii(KEY_LEN));
+
+    // A lease far longer than the group runs, so the held claim never goes stale under it.
+    let idem = IdemBench::open_with(Store::builder().lease(Duration::from_secs(3600)));
+    let store = &idem.store;
+    let Claim::Acquired(ticket) = store.claim(scope, &done_key, fp).expect("claim") else {
+        panic!("a new key is acquired");
+    };
+    store.complete(ticket, w.response()).expect("complete");
+    let Claim::Acquired(held) = store.claim(scope, &held_key, fp).expect("claim") else {
+        panic!("a new key is acquired");
+    };
+
+    let mut g = c.benchmark_group("decisions");
+    g.warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(2));
+    let before = store.stats();
+    g.bench_function("replay", |b| {
+        b.iter(|| {
+            let claim = store.claim(scope, &done_key, fp).expect("claim");
+            assert!(matches!(claim, Claim::Replay(_)), "{claim:?}");
+            claim
+        });
+    });
+    g.bench_function("in_progress", |b| {
+        b.iter(|| {
+            let claim = store.claim(scope, &held_key, fp).expect("claim");
+            assert!(matches!(claim, Claim::InProgress { .. }), "{claim:?}");
+            claim
+        });
+    });
+    g.bench_function("mismatch", |b| {
+        b.iter(|| {
+            let claim = store.claim(scope, &done_key, other_fp).expect("claim");
+            assert!(
+                matches!(claim, Claim::Mismatch { completed: true }),
+                "{claim:?}"
+            );
+            claim
+        });
+    });
+    let after = store.stats();
+    assert_eq!(
+        after.commit_batches, before.commit_batches,
+        "decisions must not write"
+    );
+    store.release(held).expect("release");
+    drop(idem);
+
+    // The baseline has one answer for any existing key: a write transaction that finds it.
+    let naive = NaiveRedb::open();
+    let req = w.request(&mut rng);
+    naive.claim_new(&req);
+    g.sample_size(20).measurement_time(Duration::from_secs(4));
+    g.bench_function("naive_redb/existing_key", |b| {
+        b.iter(|| {
+            let existing = naive.claim(&req.naive_key);
+            assert!(existing.is_some());
+            existing
+        });
+    });
+    g.finish();
+}
+
+fn claim_complete_cycle(c: &mut Criterion) {
+    let w = Workload::new();
+    let mut g = c.benchmark_group("claim_complete_cycle");
+    g.sample_size(10)
+        .sampling_mode(SamplingMode::Flat)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(5))
+        .throughput(Throughput::Elements(1));
+
+    for threads in CYCLE_THREADS {
+        let idem = IdemBench::open();
+        let before = idem.store.stats();
+        let mut round = 0;
+        g.bench_with_input(BenchmarkId::new("idemdb", threads), &threads, |b, &n| {
+            b.iter_custom(|iters| {
+                round += 1;
+                let seed = derive_seed(SEED_CYCLE, round, n);
+                run_parallel(n, iters, seed, &w, &|req| idem.cycle(&w, req))
+            });
+        });
+        let name = format!("claim_complete_cycle/idemdb/{threads}");
+        report_commits(&name, before, idem.store.stats());
+        drop(idem);
+
+        let naive = NaiveRedb::open();
+        let mut round = 0;
+        g.bench_with_input(
+            BenchmarkId::new("naive_redb", threads),
+            &threads,
+            |b, &n| {
+                b.iter_custom(|iters| {
+                    round += 1;
+                    let seed = derive_seed(SEED_CYCLE, round, n);
+                    run_parallel(n, iters, seed, &w, &|req| naive.cycle(&w, req))
+                });
+            },
+        );
+    }
+    g.finish();
+}
+
+/// Criterion's generated `benches` function carries no doc comment, hence the allow.
+#[allow(missing_docs)]
+mod group {
+    use super::{claim_complete_cycle, claim_latency_1_thread, claim_throughput, decisions};
+    criterion::criterion_group!(
+        benches,
+        claim_latency_1_thread,
+        claim_throughput,
+        decisions,
+        claim_complete_cycle
+    );
+}
+criterion_main!(group::benches);
