@@ -29,6 +29,8 @@ struct State {
     durable: u64,
     committing: bool,
     halted: Option<String>,
+    /// The fence reservation on disk; only the leader touches it.
+    reserved: u64,
 }
 
 /// A queued op's place in line; redeem it with [`Pipeline::wait`].
@@ -37,7 +39,7 @@ struct State {
 pub(crate) struct Seq(u64);
 
 impl Pipeline {
-    pub(crate) fn new(db: Database) -> Pipeline {
+    pub(crate) fn new(db: Database, reserved: u64) -> Pipeline {
         Pipeline {
             db,
             state: Mutex::new(State {
@@ -46,6 +48,7 @@ impl Pipeline {
                 durable: 0,
                 committing: false,
                 halted: None,
+                reserved,
             }),
             done: Condvar::new(),
             halted: AtomicBool::new(false),
@@ -107,15 +110,17 @@ impl Pipeline {
             s.committing = true;
             let batch = std::mem::take(&mut s.queue);
             let upto = s.next;
+            let mut reserved = s.reserved;
             drop(s);
             let result = {
                 // A panic inside redb must not leave `committing` set forever.
                 let guard = HaltOnUnwind(self);
-                let r = write_batch(&self.db, &batch);
+                let r = write_batch(&self.db, &batch, &mut reserved);
                 std::mem::forget(guard);
                 r
             };
             s = self.state.lock();
+            s.reserved = reserved;
             s.committing = false;
             match result {
                 Ok(()) => {

@@ -18,8 +18,9 @@ pub(crate) const META: TableDefinition<&str, u64> = TableDefinition::new("meta")
 /// The store format this build writes; a file with another is refused.
 pub(crate) const STORE_FORMAT: u64 = 1;
 pub(crate) const FORMAT_KEY: &str = "format_version";
-/// The highest fence ever written; fences issued after a reopen start above it.
-pub(crate) const FENCE_KEY: &str = "fence_high_water";
+/// The fence reservation: no committed record carries a fence above it, and fences issued
+/// after a reopen start above it.
+pub(crate) const FENCE_KEY: &str = "fence_reserved";
 
 /// One durable mutation, applied in queue order. Ops on one key are queued under that key's
 /// stripe lock, so the disk sees them in the order the index made them; no op needs to re-check
@@ -53,14 +54,23 @@ pub(crate) fn split_expiry_key(k: &[u8]) -> Option<(u64, &[u8])> {
     Some((u64::from_be_bytes(t.try_into().ok()?), key))
 }
 
+/// Fences are reserved on disk in blocks of this many, so most batches need not touch `meta`.
+/// Unit tests use a tiny block so that they cross block boundaries.
+pub(crate) const FENCE_BLOCK: u64 = if cfg!(test) { 4 } else { 1 << 16 };
+
 /// Writes one batch in one write transaction and commits it with `Durability::Immediate`:
 /// redb writes the pages, then `fsync`s (`fdatasync(2)` on Linux) before `commit` returns.
-pub(crate) fn write_batch(db: &Database, ops: &[Op]) -> Result<()> {
+///
+/// `reserved` is the fence reservation on disk. A batch that writes a fence above it raises it
+/// by [`FENCE_BLOCK`] in the same transaction, so every fence in a committed record is at or
+/// below the committed reservation, and a reopen resumes above it. It is updated only once the
+/// commit succeeded.
+pub(crate) fn write_batch(db: &Database, ops: &[Op], reserved: &mut u64) -> Result<()> {
     let txn = db.begin_write()?;
+    let mut high_fence = 0;
     {
         let mut records = txn.open_table(RECORDS)?;
-        let mut expiry = txn.open_table(EXPIRY)?;
-        let mut high_fence = 0;
+        let mut expiry = None;
         for op in ops {
             match op {
                 Op::Put {
@@ -71,38 +81,55 @@ pub(crate) fn write_batch(db: &Database, ops: &[Op]) -> Result<()> {
                     expiry_remove,
                 } => {
                     if let Some(t) = expiry_remove {
-                        expiry.remove(expiry_key(*t, key).as_slice())?;
+                        lazy(&txn, &mut expiry, EXPIRY)?.remove(expiry_key(*t, key).as_slice())?;
                     }
                     records.insert(&**key, value.as_slice())?;
                     if let Some(t) = expiry_add {
-                        expiry.insert(expiry_key(*t, key).as_slice(), ())?;
+                        lazy(&txn, &mut expiry, EXPIRY)?
+                            .insert(expiry_key(*t, key).as_slice(), ())?;
                     }
                     high_fence = high_fence.max(*fence);
                 }
                 Op::Delete { key, expiry_remove } => {
                     if let Some(t) = expiry_remove {
-                        expiry.remove(expiry_key(*t, key).as_slice())?;
+                        lazy(&txn, &mut expiry, EXPIRY)?.remove(expiry_key(*t, key).as_slice())?;
                     }
                     records.remove(&**key)?;
                 }
             }
         }
-        if high_fence > 0 {
-            let mut meta = txn.open_table(META)?;
-            let old = meta.get(FENCE_KEY)?.map_or(0, |v| v.value());
-            if high_fence > old {
-                meta.insert(FENCE_KEY, high_fence)?;
-            }
-        }
+    }
+    let raise = high_fence > *reserved;
+    let new_reserved = high_fence.saturating_add(FENCE_BLOCK);
+    if raise {
+        txn.open_table(META)?.insert(FENCE_KEY, new_reserved)?;
     }
     txn.commit()?;
+    if raise {
+        *reserved = new_reserved;
+    }
     Ok(())
+}
+
+/// Opens a table the first time a batch needs it: most batches of claims never touch `expiry`.
+fn lazy<'s, 't, K: redb::Key + 'static, V: redb::Value + 'static>(
+    txn: &'t redb::WriteTransaction,
+    slot: &'s mut Option<redb::Table<'t, K, V>>,
+    def: TableDefinition<K, V>,
+) -> Result<&'s mut redb::Table<'t, K, V>> {
+    if slot.is_none() {
+        *slot = Some(txn.open_table(def)?);
+    }
+    Ok(slot.as_mut().expect("just opened"))
 }
 
 /// What a scan of the file found: every record's slot and the fence to resume from.
 pub(crate) struct Loaded {
     pub(crate) slots: Vec<(Box<[u8]>, Slot)>,
+    /// The highest fence any record or the reservation accounts for.
     pub(crate) high_fence: u64,
+    /// The fence reservation on disk.
+    pub(crate) reserved: u64,
 }
 
 /// Creates the tables of a new file, or checks the format of an existing one.
@@ -140,7 +167,8 @@ pub(crate) fn load(db: &Database) -> Result<Loaded> {
     let txn = db.begin_read()?;
     let records = txn.open_table(RECORDS)?;
     let meta = txn.open_table(META)?;
-    let mut high_fence = meta.get(FENCE_KEY)?.map_or(0, |v| v.value());
+    let reserved = meta.get(FENCE_KEY)?.map_or(0, |v| v.value());
+    let mut high_fence = reserved;
     let mut slots = Vec::with_capacity(usize::try_from(records.len()?).unwrap_or(0));
     for entry in records.iter()? {
         let (k, v) = entry?;
@@ -158,7 +186,11 @@ pub(crate) fn load(db: &Database) -> Result<Loaded> {
         high_fence = high_fence.max(record.fence);
         slots.push((key.into(), slot_of(&record, true)));
     }
-    Ok(Loaded { slots, high_fence })
+    Ok(Loaded {
+        slots,
+        high_fence,
+        reserved,
+    })
 }
 
 pub(crate) fn slot_of(record: &Record, orphan: bool) -> Slot {

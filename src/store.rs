@@ -115,7 +115,7 @@ impl Store {
         Ok(Store {
             inner: Arc::new(Inner {
                 index,
-                pipeline: Pipeline::new(db),
+                pipeline: Pipeline::new(db, loaded.reserved),
                 config,
                 counters: Counters::default(),
                 next_fence: AtomicU64::new(loaded.high_fence + 1),
