@@ -1,5 +1,7 @@
 //! The redb file: three tables, the batch writer, and the open-time scan that rebuilds the
-//! index. `docs/format.md` documents every byte.
+//! index. Records are keyed by fence, which only grows, so a batch of new claims lands at the
+//! right edge of the B-tree and dirties a few leaf pages however many claims it holds.
+//! `docs/format.md` documents every byte.
 
 use crate::error::{Error, Result};
 use crate::index::{Slot, SlotState};
@@ -7,11 +9,11 @@ use crate::record::{Record, RecordState};
 use crate::scope::display_scoped_key;
 use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
 
-/// scoped key -> encoded [`Record`].
-pub(crate) const RECORDS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("records");
-/// `expires_at` (u64 BE, ms) ++ scoped key -> (). One entry per completed record, in time
-/// order, so a purge reads only what expired.
-pub(crate) const EXPIRY: TableDefinition<&[u8], ()> = TableDefinition::new("expiry");
+/// fence -> encoded [`Record`] (which carries its scoped key).
+pub(crate) const RECORDS: TableDefinition<u64, &[u8]> = TableDefinition::new("records");
+/// `expires_at << 64 | fence` -> scoped key. One entry per completed record, in time order, so a
+/// purge reads only what expired.
+pub(crate) const EXPIRY: TableDefinition<u128, &[u8]> = TableDefinition::new("expiry");
 /// Store-wide values: [`FORMAT_KEY`] and [`FENCE_KEY`].
 pub(crate) const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 
@@ -22,41 +24,53 @@ pub(crate) const FORMAT_KEY: &str = "format_version";
 /// after a reopen start above it.
 pub(crate) const FENCE_KEY: &str = "fence_reserved";
 
+/// Fences are reserved on disk in blocks of this many, so most batches need not touch `meta`.
+/// Unit tests use a tiny block so that they cross block boundaries.
+pub(crate) const FENCE_BLOCK: u64 = if cfg!(test) { 4 } else { 1 << 16 };
+
 /// One durable mutation, applied in queue order. Ops on one key are queued under that key's
 /// stripe lock, so the disk sees them in the order the index made them; no op needs to re-check
 /// state on disk.
 #[derive(Debug)]
 pub(crate) enum Op {
+    /// Writes the record at `fence`: a new claim, or in place (complete, extend).
     Put {
+        fence: u64,
+        /// The scoped key, for the expiry entry.
         key: Box<[u8]>,
         value: Vec<u8>,
-        fence: u64,
-        /// The record's new expiry entry (a completion).
-        expiry_add: Option<u64>,
-        /// The expiry entry of the record this one replaces (re-claiming an expired key).
-        expiry_remove: Option<u64>,
+        /// The record's expiry (a completion).
+        expiry: Option<u64>,
+        /// The record this one replaces (an expired or taken-over claim of the same key),
+        /// deleted in the same transaction so no crash can leave the key with neither.
+        replaces: Option<Gone>,
     },
-    Delete {
-        key: Box<[u8]>,
-        expiry_remove: Option<u64>,
-    },
+    /// Deletes a record (release, reap, purge).
+    Delete(Gone),
 }
 
-pub(crate) fn expiry_key(expires_at: u64, scoped_key: &[u8]) -> Vec<u8> {
-    let mut k = Vec::with_capacity(8 + scoped_key.len());
-    k.extend_from_slice(&expires_at.to_be_bytes());
-    k.extend_from_slice(scoped_key);
-    k
+/// A record to delete: its fence, and its expiry if it was completed.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Gone {
+    pub(crate) fence: u64,
+    pub(crate) expiry: Option<u64>,
 }
 
-pub(crate) fn split_expiry_key(k: &[u8]) -> Option<(u64, &[u8])> {
-    let (t, key) = k.split_at_checked(8)?;
-    Some((u64::from_be_bytes(t.try_into().ok()?), key))
+impl Gone {
+    pub(crate) fn of(slot: &Slot) -> Gone {
+        Gone {
+            fence: slot.fence,
+            expiry: match slot.state {
+                SlotState::Completed { expires_at, .. } => Some(expires_at),
+                SlotState::InProgress { .. } => None,
+            },
+        }
+    }
 }
 
-/// Fences are reserved on disk in blocks of this many, so most batches need not touch `meta`.
-/// Unit tests use a tiny block so that they cross block boundaries.
-pub(crate) const FENCE_BLOCK: u64 = if cfg!(test) { 4 } else { 1 << 16 };
+pub(crate) fn expiry_key(expires_at: u64, fence: u64) -> u128 {
+    u128::from(expires_at) << 64 | u128::from(fence)
+}
 
 /// Writes one batch in one write transaction and commits it with `Durability::Immediate`:
 /// redb writes the pages, then `fsync`s (`fdatasync(2)` on Linux) before `commit` returns.
@@ -74,28 +88,22 @@ pub(crate) fn write_batch(db: &Database, ops: &[Op], reserved: &mut u64) -> Resu
         for op in ops {
             match op {
                 Op::Put {
+                    fence,
                     key,
                     value,
-                    fence,
-                    expiry_add,
-                    expiry_remove,
+                    expiry: expires,
+                    replaces,
                 } => {
-                    if let Some(t) = expiry_remove {
-                        lazy(&txn, &mut expiry, EXPIRY)?.remove(expiry_key(*t, key).as_slice())?;
+                    if let Some(gone) = replaces {
+                        delete(&txn, &mut records, &mut expiry, gone)?;
                     }
-                    records.insert(&**key, value.as_slice())?;
-                    if let Some(t) = expiry_add {
-                        lazy(&txn, &mut expiry, EXPIRY)?
-                            .insert(expiry_key(*t, key).as_slice(), ())?;
+                    records.insert(*fence, value.as_slice())?;
+                    if let Some(t) = expires {
+                        lazy(&txn, &mut expiry, EXPIRY)?.insert(expiry_key(*t, *fence), &**key)?;
                     }
                     high_fence = high_fence.max(*fence);
                 }
-                Op::Delete { key, expiry_remove } => {
-                    if let Some(t) = expiry_remove {
-                        lazy(&txn, &mut expiry, EXPIRY)?.remove(expiry_key(*t, key).as_slice())?;
-                    }
-                    records.remove(&**key)?;
-                }
+                Op::Delete(gone) => delete(&txn, &mut records, &mut expiry, gone)?,
             }
         }
     }
@@ -107,6 +115,19 @@ pub(crate) fn write_batch(db: &Database, ops: &[Op], reserved: &mut u64) -> Resu
     txn.commit()?;
     if raise {
         *reserved = new_reserved;
+    }
+    Ok(())
+}
+
+fn delete<'t>(
+    txn: &'t redb::WriteTransaction,
+    records: &mut redb::Table<'t, u64, &'static [u8]>,
+    expiry: &mut Option<redb::Table<'t, u128, &'static [u8]>>,
+    gone: &Gone,
+) -> Result<()> {
+    records.remove(gone.fence)?;
+    if let Some(t) = gone.expiry {
+        lazy(txn, expiry, EXPIRY)?.remove(expiry_key(t, gone.fence))?;
     }
     Ok(())
 }
@@ -157,6 +178,45 @@ pub(crate) fn initialise(db: &Database) -> Result<()> {
     Ok(())
 }
 
+fn corrupted(key: &[u8], reason: impl ToString) -> Error {
+    Error::Corrupted {
+        key: display_scoped_key(key),
+        reason: reason.to_string(),
+    }
+}
+
+/// Decodes and verifies the record stored at `fence`.
+fn decode_at(fence: u64, value: &[u8]) -> Result<(&[u8], Record)> {
+    let (key, record) = Record::decode(value).map_err(|e| {
+        let key = Record::unverified_key(value)
+            .and_then(crate::scope::split_scoped_key)
+            .map_or_else(
+                || format!("at fence {fence}"),
+                |(scope, key)| {
+                    format!(
+                        "{:?}/{:?}/{key} (at fence {fence}; key read from the damaged record)",
+                        scope.tenant(),
+                        scope.endpoint()
+                    )
+                },
+            );
+        Error::Corrupted {
+            key,
+            reason: e.to_string(),
+        }
+    })?;
+    if record.fence != fence {
+        return Err(corrupted(
+            key,
+            format!("record of fence {} stored at fence {fence}", record.fence),
+        ));
+    }
+    if crate::scope::split_scoped_key(key).is_none() {
+        return Err(corrupted(key, "the key is not a valid scoped key"));
+    }
+    Ok((key, record))
+}
+
 /// Reads every record, verifying each checksum. Every in-progress record becomes an orphan:
 /// its holder was a previous process.
 ///
@@ -171,18 +231,8 @@ pub(crate) fn load(db: &Database) -> Result<Loaded> {
     let mut high_fence = reserved;
     let mut slots = Vec::with_capacity(usize::try_from(records.len()?).unwrap_or(0));
     for entry in records.iter()? {
-        let (k, v) = entry?;
-        let key = k.value();
-        let record = Record::decode(key, v.value()).map_err(|e| Error::Corrupted {
-            key: display_scoped_key(key),
-            reason: e.to_string(),
-        })?;
-        if crate::scope::split_scoped_key(key).is_none() {
-            return Err(Error::Corrupted {
-                key: display_scoped_key(key),
-                reason: "the key is not a valid scoped key".into(),
-            });
-        }
+        let (fence, value) = entry?;
+        let (key, record) = decode_at(fence.value(), value.value())?;
         high_fence = high_fence.max(record.fence);
         slots.push((key.into(), slot_of(&record, true)));
     }
@@ -212,43 +262,46 @@ pub(crate) fn slot_of(record: &Record, orphan: bool) -> Slot {
     }
 }
 
-/// Reads and verifies one record.
-pub(crate) fn read(db: &Database, key: &[u8]) -> Result<Option<Record>> {
+/// Reads and verifies the record at `fence`; `None` if there is none, or if it belongs to
+/// another key (the caller's view is out of date).
+pub(crate) fn read(db: &Database, fence: u64, key: &[u8]) -> Result<Option<Record>> {
     let txn = db.begin_read()?;
     let records = txn.open_table(RECORDS)?;
-    let Some(v) = records.get(key)? else {
+    let Some(v) = records.get(fence)? else {
         return Ok(None);
     };
-    Record::decode(key, v.value())
-        .map(Some)
-        .map_err(|e| Error::Corrupted {
-            key: display_scoped_key(key),
-            reason: e.to_string(),
-        })
+    let (stored_key, record) = decode_at(fence, v.value())?;
+    Ok((stored_key == key).then_some(record))
+}
+
+/// An expiry entry: when, which record, which key.
+pub(crate) struct Due {
+    pub(crate) expires_at: u64,
+    pub(crate) fence: u64,
+    pub(crate) key: Box<[u8]>,
 }
 
 /// Up to `limit` expiry entries at or before `now` and after the entry `after`, oldest first.
 pub(crate) fn expired(
     db: &Database,
-    after: Option<&[u8]>,
+    after: Option<u128>,
     now: u64,
     limit: usize,
-) -> Result<Vec<(u64, Box<[u8]>)>> {
+) -> Result<Vec<Due>> {
     use std::ops::Bound;
     let txn = db.begin_read()?;
     let expiry = txn.open_table(EXPIRY)?;
-    let end = (now.saturating_add(1)).to_be_bytes();
+    let end = Bound::Excluded(expiry_key(now.saturating_add(1), 0));
     let start = after.map_or(Bound::Unbounded, Bound::Excluded);
     let mut out = Vec::new();
-    for entry in expiry.range::<&[u8]>((start, Bound::Excluded(&end[..])))? {
-        let (k, _) = entry?;
-        let Some((t, key)) = split_expiry_key(k.value()) else {
-            return Err(Error::Corrupted {
-                key: k.value().escape_ascii().to_string(),
-                reason: "expiry entry shorter than its timestamp".into(),
-            });
-        };
-        out.push((t, key.into()));
+    for entry in expiry.range::<u128>((start, end))? {
+        let (k, key) = entry?;
+        let k = k.value();
+        out.push(Due {
+            expires_at: u64::try_from(k >> 64).expect("shifted into range"),
+            fence: u64::try_from(k & u128::from(u64::MAX)).expect("masked into range"),
+            key: key.value().into(),
+        });
         if out.len() == limit {
             break;
         }

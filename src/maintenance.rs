@@ -4,7 +4,7 @@
 use crate::claim::{Resolution, StaleClaim};
 use crate::clock::{duration_millis, from_millis};
 use crate::commit::Seq;
-use crate::disk::{self, Op};
+use crate::disk::{self, Gone, Op};
 use crate::error::{Error, Result};
 use crate::index::{IndexKey, Slot, SlotState};
 use crate::record::{response_size, Record, RecordState};
@@ -96,13 +96,7 @@ impl Store {
             };
             let (op, new_state) = match resolver(&claim) {
                 Resolution::Keep => continue,
-                Resolution::Release => (
-                    Op::Delete {
-                        key: key.bytes.clone(),
-                        expiry_remove: None,
-                    },
-                    None,
-                ),
+                Resolution::Release => (Op::Delete(Gone::of(&slot)), None),
                 Resolution::Complete(response) => {
                     let size = response_size(&response);
                     if size > inner.config.max_response_bytes {
@@ -128,11 +122,11 @@ impl Store {
                     let value = record.encode(&key.bytes);
                     (
                         Op::Put {
+                            fence: slot.fence,
                             key: key.bytes.clone(),
                             value,
-                            fence: slot.fence,
-                            expiry_add: Some(expires_at),
-                            expiry_remove: None,
+                            expiry: Some(expires_at),
+                            replaces: None,
                         },
                         Some(SlotState::Completed {
                             expires_at,
@@ -190,25 +184,26 @@ impl Store {
         let inner = &*self.inner;
         inner.pipeline.check()?;
         let mut purged = 0;
-        let mut after: Option<Vec<u8>> = None;
+        let mut after = None;
         loop {
             let now = self.now();
-            let due = disk::expired(inner.pipeline.db(), after.as_deref(), now, PURGE_CHUNK)?;
-            after = due.last().map(|(t, k)| disk::expiry_key(*t, k));
+            let due = disk::expired(inner.pipeline.db(), after, now, PURGE_CHUNK)?;
+            after = due.last().map(|d| disk::expiry_key(d.expires_at, d.fence));
             let mut last = None;
-            for (expires_at, bytes) in &due {
-                let key = inner.index.key(bytes.clone());
+            for d in due.iter() {
+                let key = inner.index.key(d.key.clone());
                 let mut stripe = inner.index.lock(&key);
                 let matches = stripe.get(&key).is_some_and(|s| {
-                    matches!(s.state, SlotState::Completed { expires_at: e, .. } if e == *expires_at)
+                    s.fence == d.fence
+                        && matches!(s.state, SlotState::Completed { expires_at, .. } if expires_at == d.expires_at)
                 });
                 if !matches {
                     continue;
                 }
-                last = Some(inner.pipeline.enqueue(Op::Delete {
-                    key: key.bytes.clone(),
-                    expiry_remove: Some(*expires_at),
-                })?);
+                last = Some(inner.pipeline.enqueue(Op::Delete(Gone {
+                    fence: d.fence,
+                    expiry: Some(d.expires_at),
+                }))?);
                 stripe.remove(&key);
                 purged += 1;
             }

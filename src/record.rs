@@ -108,40 +108,54 @@ impl Record {
         Fingerprint::from_bytes(self.fingerprint)
     }
 
-    /// `[format: u8][bincode body][crc32 LE of (scoped key length u32 LE, scoped key, format,
-    /// body)]`.
+    /// `[format: u8][scoped key length: u16 LE][scoped key][bincode body][crc32 LE of every
+    /// byte before it]`. The record carries its own key because the table is keyed by fence.
     pub(crate) fn encode(&self, scoped_key: &[u8]) -> Vec<u8> {
-        let mut out = Vec::with_capacity(96);
+        let len = u16::try_from(scoped_key.len()).expect("scoped keys are bounded");
+        let mut out = Vec::with_capacity(128 + scoped_key.len());
         out.push(RECORD_FORMAT);
+        out.extend_from_slice(&len.to_le_bytes());
+        out.extend_from_slice(scoped_key);
         bincode::encode_into_std_write(self, &mut out, CONFIG)
             .expect("encoding into a Vec cannot fail");
-        let crc = checksum(scoped_key, &out);
+        let crc = crc32fast::hash(&out);
         out.extend_from_slice(&crc.to_le_bytes());
         out
     }
 
-    pub(crate) fn decode(scoped_key: &[u8], value: &[u8]) -> Result<Record, DecodeFailure> {
-        let Some(split) = value.len().checked_sub(4).filter(|&n| n >= 1) else {
+    /// The scoped key a damaged value says it belongs to, unverified: for error messages only.
+    pub(crate) fn unverified_key(value: &[u8]) -> Option<&[u8]> {
+        let len = usize::from(u16::from_le_bytes([*value.get(1)?, *value.get(2)?]));
+        value.get(3..3 + len)
+    }
+
+    /// Verifies and decodes a stored value into its scoped key and record.
+    pub(crate) fn decode(value: &[u8]) -> Result<(&[u8], Record), DecodeFailure> {
+        let Some(split) = value.len().checked_sub(4).filter(|&n| n >= 3) else {
             return Err(DecodeFailure::TooShort);
         };
         let (payload, crc) = value.split_at(split);
         let stored = u32::from_le_bytes(crc.try_into().expect("four bytes"));
-        let computed = checksum(scoped_key, payload);
+        let computed = crc32fast::hash(payload);
         if stored != computed {
             return Err(DecodeFailure::Checksum { stored, computed });
         }
         if payload[0] != RECORD_FORMAT {
             return Err(DecodeFailure::Format(payload[0]));
         }
-        let (record, used) = bincode::decode_from_slice::<Record, _>(&payload[1..], CONFIG)
+        let len = usize::from(u16::from_le_bytes([payload[1], payload[2]]));
+        let Some((key, body)) = payload[3..].split_at_checked(len) else {
+            return Err(DecodeFailure::TooShort);
+        };
+        let (record, used) = bincode::decode_from_slice::<Record, _>(body, CONFIG)
             .map_err(|e| DecodeFailure::Body(e.to_string()))?;
-        if used != payload.len() - 1 {
+        if used != body.len() {
             return Err(DecodeFailure::Body(format!(
                 "{} trailing bytes",
-                payload.len() - 1 - used
+                body.len() - used
             )));
         }
-        Ok(record)
+        Ok((key, record))
     }
 }
 
@@ -153,15 +167,6 @@ pub(crate) fn response_size(r: &Response) -> usize {
             .iter()
             .map(|(n, v)| 16 + n.len() + v.len())
             .sum::<usize>()
-}
-
-fn checksum(scoped_key: &[u8], payload: &[u8]) -> u32 {
-    let mut h = crc32fast::Hasher::new();
-    let len = u32::try_from(scoped_key.len()).expect("scoped keys are bounded");
-    h.update(&len.to_le_bytes());
-    h.update(scoped_key);
-    h.update(payload);
-    h.finalize()
 }
 
 #[cfg(test)]
@@ -189,14 +194,15 @@ mod tests {
     fn round_trips() {
         let r = completed();
         let bytes = r.encode(b"key");
-        assert_eq!(Record::decode(b"key", &bytes).unwrap(), r);
+        assert_eq!(Record::decode(&bytes).unwrap(), (&b"key"[..], r));
     }
 
     #[test]
     fn crc_covers_the_key() {
-        let bytes = completed().encode(b"key");
+        let mut bytes = completed().encode(b"key");
+        bytes[5] = b'z';
         assert!(matches!(
-            Record::decode(b"kez", &bytes),
+            Record::decode(&bytes),
             Err(DecodeFailure::Checksum { .. })
         ));
     }
@@ -207,10 +213,10 @@ mod tests {
         for i in 0..bytes.len() * 8 {
             let mut b = bytes.clone();
             b[i / 8] ^= 1 << (i % 8);
-            assert!(Record::decode(b"key", &b).is_err(), "bit {i}");
+            assert!(Record::decode(&b).is_err(), "bit {i}");
         }
         for n in 0..bytes.len() {
-            assert!(Record::decode(b"key", &bytes[..n]).is_err(), "prefix {n}");
+            assert!(Record::decode(&bytes[..n]).is_err(), "prefix {n}");
         }
     }
 
@@ -268,6 +274,8 @@ mod golden {
         };
         let expect = concat!(
             "01",                                                               // format
+            "0600",                                                             // key length
+            "01740001656b",                                                     // scoped key
             "0201000000000000",                                                 // fence
             "1111111111111111111111111111111111111111111111111111111111111111", // fingerprint
             "00a8da769b010000",                                                 // claimed_at
@@ -277,8 +285,8 @@ mod golden {
         let bytes = r.encode(KEY);
         let (body, crc) = bytes.split_at(bytes.len() - 4);
         assert_eq!(hex(body), expect);
-        assert_eq!(hex(crc), "8ccdfbeb");
-        assert_eq!(Record::decode(KEY, &bytes).unwrap(), r);
+        assert_eq!(hex(crc), "5a208f35");
+        assert_eq!(Record::decode(&bytes).unwrap(), (KEY, r));
     }
 
     #[test]
@@ -299,6 +307,8 @@ mod golden {
         };
         let expect = concat!(
             "01",                                                               // format
+            "0600",                                                             // key length
+            "01740001656b",                                                     // scoped key
             "0700000000000000",                                                 // fence
             "2222222222222222222222222222222222222222222222222222222222222222", // fingerprint
             "0100000000000000",                                                 // claimed_at
@@ -317,8 +327,8 @@ mod golden {
         let bytes = r.encode(KEY);
         let (body, crc) = bytes.split_at(bytes.len() - 4);
         assert_eq!(hex(body), expect);
-        assert_eq!(hex(crc), "6dedb888");
-        assert_eq!(Record::decode(KEY, &bytes).unwrap(), r);
+        assert_eq!(hex(crc), "f6340973");
+        assert_eq!(Record::decode(&bytes).unwrap(), (KEY, r));
     }
 }
 
@@ -365,14 +375,15 @@ mod properties {
 
     proptest! {
         #[test]
-        fn encode_decode_round_trips(r in any_record(), key in proptest::collection::vec(any::<u8>(), 1..300)) {
-            prop_assert_eq!(Record::decode(&key, &r.encode(&key)).unwrap(), r);
+        fn encode_decode_round_trips(r in any_record(), key in proptest::collection::vec(any::<u8>(), 1..1300)) {
+            let bytes = r.encode(&key);
+            prop_assert_eq!(Record::decode(&bytes).unwrap(), (&key[..], r));
         }
 
         /// Damaged values never panic and never decode under a checksum that was not theirs.
         #[test]
         fn arbitrary_bytes_never_panic(value in proptest::collection::vec(any::<u8>(), 0..256)) {
-            let _ = Record::decode(b"key", &value);
+            let _ = Record::decode(&value);
         }
 
         /// A body whose checksum is valid but whose lengths lie must still fail cleanly.
@@ -380,9 +391,9 @@ mod properties {
         fn valid_checksum_over_garbage_never_panics(body in proptest::collection::vec(any::<u8>(), 0..256)) {
             let mut value = vec![RECORD_FORMAT];
             value.extend_from_slice(&body);
-            let crc = checksum(b"key", &value);
+            let crc = crc32fast::hash(&value);
             value.extend_from_slice(&crc.to_le_bytes());
-            let _ = Record::decode(b"key", &value);
+            let _ = Record::decode(&value);
         }
     }
 
@@ -407,10 +418,10 @@ mod properties {
         // The body length is the 8 bytes before the last body byte: claim u64::MAX / 2.
         let at = value.len() - 9;
         value[at..at + 8].copy_from_slice(&(u64::MAX / 2).to_le_bytes());
-        let crc = checksum(b"k", &value);
+        let crc = crc32fast::hash(&value);
         value.extend_from_slice(&crc.to_le_bytes());
         assert!(matches!(
-            Record::decode(b"k", &value),
+            Record::decode(&value),
             Err(DecodeFailure::Body(_))
         ));
     }

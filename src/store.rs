@@ -5,7 +5,7 @@ use crate::builder::{Config, StalePolicy, StoreBuilder};
 use crate::claim::{Claim, Entry, EntryState, Takeover, Ticket};
 use crate::clock::{duration_millis, from_millis, to_millis};
 use crate::commit::Pipeline;
-use crate::disk::{self, Op};
+use crate::disk::{self, Gone, Op};
 use crate::error::{Error, Result};
 use crate::fingerprint::Fingerprint;
 use crate::index::{Index, IndexKey, Slot, SlotState};
@@ -110,7 +110,16 @@ impl Store {
         let index = Index::new(config.stripes);
         for (bytes, slot) in loaded.slots {
             let key = index.key(bytes);
-            index.lock(&key).insert(key, slot);
+            let fence = slot.fence;
+            if let Some(other) = index.lock(&key).insert(key.clone(), slot) {
+                return Err(Error::Corrupted {
+                    key: crate::scope::display_scoped_key(&key.bytes),
+                    reason: format!(
+                        "two records for one key (fences {} and {fence})",
+                        other.fence
+                    ),
+                });
+            }
         }
         Ok(Store {
             inner: Arc::new(Inner {
@@ -164,11 +173,11 @@ impl Store {
         let c = &inner.counters;
         let now = self.now();
         let mut stripe = inner.index.lock(key);
-        let (takeover, expiry_remove) = match stripe.get(key) {
+        let (takeover, replaces) = match stripe.get(key) {
             None => (None, None),
             Some(slot) => match slot.state {
                 SlotState::Completed { expires_at, .. } if now >= expires_at => {
-                    (None, Some(expires_at))
+                    (None, Some(Gone::of(slot)))
                 }
                 _ if slot.fingerprint != fingerprint => {
                     Counters::bump(&c.mismatches, 1);
@@ -199,7 +208,7 @@ impl Store {
                         previous_claimed_at: from_millis(slot.claimed_at),
                         orphan,
                     };
-                    (Some(takeover), None)
+                    (Some(takeover), Some(Gone::of(slot)))
                 }
             },
         };
@@ -212,11 +221,11 @@ impl Store {
             state: RecordState::InProgress { lease_until },
         };
         let seq = inner.pipeline.enqueue(Op::Put {
+            fence,
             key: key.bytes.clone(),
             value: record.encode(&key.bytes),
-            fence,
-            expiry_add: None,
-            expiry_remove,
+            expiry: None,
+            replaces,
         })?;
         stripe.insert(key.clone(), crate::disk::slot_of(&record, false));
         drop(stripe);
@@ -258,7 +267,7 @@ impl Store {
     /// if the disk now holds another record (expired and re-claimed meanwhile) the claim looks
     /// again.
     fn replay(&self, key: &IndexKey, fence: u64) -> Result<Option<Claim>> {
-        match disk::read(self.inner.pipeline.db(), &key.bytes)? {
+        match disk::read(self.inner.pipeline.db(), fence, &key.bytes)? {
             Some(Record {
                 fence: f,
                 state: RecordState::Completed { response, .. },
@@ -314,11 +323,11 @@ impl Store {
             let mut stripe = inner.index.lock(&ticket.key);
             let slot = self.held(&mut stripe, &ticket)?;
             let seq = inner.pipeline.enqueue(Op::Put {
+                fence: ticket.fence,
                 key: ticket.key.bytes.clone(),
                 value,
-                fence: ticket.fence,
-                expiry_add: Some(expires_at),
-                expiry_remove: None,
+                expiry: Some(expires_at),
+                replaces: None,
             })?;
             slot.state = SlotState::Completed {
                 expires_at,
@@ -348,11 +357,8 @@ impl Store {
         inner.pipeline.check()?;
         let seq = {
             let mut stripe = inner.index.lock(&ticket.key);
-            self.held(&mut stripe, &ticket)?;
-            let seq = inner.pipeline.enqueue(Op::Delete {
-                key: ticket.key.bytes.clone(),
-                expiry_remove: None,
-            })?;
+            let gone = Gone::of(self.held(&mut stripe, &ticket)?);
+            let seq = inner.pipeline.enqueue(Op::Delete(gone))?;
             stripe.remove(&ticket.key);
             seq
         };
@@ -382,11 +388,11 @@ impl Store {
             let mut stripe = inner.index.lock(&ticket.key);
             let slot = self.held(&mut stripe, ticket)?;
             let seq = inner.pipeline.enqueue(Op::Put {
+                fence: ticket.fence,
                 key: ticket.key.bytes.clone(),
                 value: record.encode(&ticket.key.bytes),
-                fence: ticket.fence,
-                expiry_add: None,
-                expiry_remove: None,
+                expiry: None,
+                replaces: None,
             })?;
             slot.state = SlotState::InProgress {
                 lease_until,
@@ -473,7 +479,7 @@ impl Store {
                             orphan: false,
                         }
                     } else {
-                        match disk::read(inner.pipeline.db(), &key.bytes)? {
+                        match disk::read(inner.pipeline.db(), slot.fence, &key.bytes)? {
                             Some(Record {
                                 fence,
                                 state: RecordState::Completed { response, .. },

@@ -582,31 +582,28 @@ fn corrupt_record_refuses_open_and_names_the_key() {
     let t = acquire(&store, &pay(), "victim-key", "a");
     store.complete(t, Response::new(200, "paid")).unwrap();
     drop(store);
-    {
-        let db = redb::Database::open(&f.path).unwrap();
-        let records: redb::TableDefinition<&[u8], &[u8]> = redb::TableDefinition::new("records");
-        let txn = db.begin_write().unwrap();
-        {
-            let mut table = txn.open_table(records).unwrap();
-            let key: Vec<u8> = {
-                use redb::ReadableTable as _;
-                let first = table.iter().unwrap().next().unwrap().unwrap();
-                first.0.value().to_vec()
-            };
-            let mut value = redb::ReadableTable::get(&table, key.as_slice())
-                .unwrap()
-                .unwrap()
-                .value()
-                .to_vec();
-            let last = value.len() - 10;
-            value[last] ^= 0x01;
-            table.insert(key.as_slice(), value.as_slice()).unwrap();
-        }
-        txn.commit().unwrap();
-    }
+    flip_a_bit_in_every_record(&f.path, |len| len - 10);
     match Store::open(&f.path) {
         Err(Error::Corrupted { key, reason }) => {
             assert!(key.contains("victim-key"), "{key}");
+            assert!(reason.contains("crc32"), "{reason}");
+        }
+        other => panic!("expected Corrupted, got {other:?}"),
+    }
+}
+
+#[test]
+fn corrupt_record_whose_key_is_damaged_names_its_place() {
+    let f = Fixture::new();
+    let store = f.open();
+    let t = acquire(&store, &pay(), "victim-key", "a");
+    store.complete(t, Response::new(200, "paid")).unwrap();
+    drop(store);
+    // Byte 0 is the format, 1..3 the key length: flip a bit of the key length.
+    flip_a_bit_in_every_record(&f.path, |_| 1);
+    match Store::open(&f.path) {
+        Err(Error::Corrupted { key, reason }) => {
+            assert!(key.contains("fence"), "{key}");
             assert!(reason.contains("crc32"), "{reason}");
         }
         other => panic!("expected Corrupted, got {other:?}"),
@@ -628,4 +625,30 @@ fn a_file_that_is_not_a_store_is_refused() {
     let f = Fixture::new();
     std::fs::write(&f.path, b"this is not a redb file, just some text").unwrap();
     assert!(Store::open(&f.path).is_err());
+}
+
+/// Flips one bit in the middle of every stored record value, the way a damaged sector would.
+fn flip_a_bit_in_every_record(path: &std::path::Path, at: impl Fn(usize) -> usize) {
+    use redb::ReadableTable as _;
+    let records: redb::TableDefinition<u64, &[u8]> = redb::TableDefinition::new("records");
+    let db = redb::Database::open(path).unwrap();
+    let txn = db.begin_write().unwrap();
+    {
+        let mut table = txn.open_table(records).unwrap();
+        let entries: Vec<(u64, Vec<u8>)> = table
+            .iter()
+            .unwrap()
+            .map(|e| {
+                let (k, v) = e.unwrap();
+                (k.value(), v.value().to_vec())
+            })
+            .collect();
+        assert!(!entries.is_empty());
+        for (fence, mut value) in entries {
+            let at = at(value.len());
+            value[at] ^= 0x01;
+            table.insert(fence, value.as_slice()).unwrap();
+        }
+    }
+    txn.commit().unwrap();
 }
