@@ -348,27 +348,50 @@ fn claim_latency_1_thread(c: &mut Criterion) {
 }
 
 fn claim_throughput(c: &mut Criterion) {
+    side_by_side(
+        c,
+        "claim_throughput",
+        &THROUGHPUT_THREADS,
+        SEED_THROUGHPUT,
+        |idem, w, req| drop(idem.claim_new(w, req)),
+        |naive, _, req| naive.claim_new(req),
+    );
+}
+
+/// One flat-sampled group that runs `idem_op` and then `naive_op` on fresh keys from `threads`
+/// concurrent callers, for each thread count, reporting elements (requests) per second.
+fn side_by_side(
+    c: &mut Criterion,
+    group: &str,
+    threads: &[usize],
+    seed: u64,
+    idem_op: fn(&IdemBench, &Workload, &Request),
+    naive_op: fn(&NaiveRedb, &Workload, &Request),
+) {
     let w = Workload::new();
-    let mut g = c.benchmark_group("claim_throughput");
+    let mut g = c.benchmark_group(group);
     g.sample_size(10)
         .sampling_mode(SamplingMode::Flat)
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(5))
         .throughput(Throughput::Elements(1));
 
-    for threads in THROUGHPUT_THREADS {
+    for &threads in threads {
         let idem = IdemBench::open();
         let before = idem.store.stats();
         let mut round = 0;
         g.bench_with_input(BenchmarkId::new("idemdb", threads), &threads, |b, &n| {
             b.iter_custom(|iters| {
                 round += 1;
-                let seed = derive_seed(SEED_THROUGHPUT, round, n);
-                run_parallel(n, iters, seed, &w, &|req| drop(idem.claim_new(&w, req)))
+                let seed = derive_seed(seed, round, n);
+                run_parallel(n, iters, seed, &w, &|req| idem_op(&idem, &w, req))
             });
         });
-        let name = format!("claim_throughput/idemdb/{threads}");
-        report_commits(&name, before, idem.store.stats());
+        report_commits(
+            &format!("{group}/idemdb/{threads}"),
+            before,
+            idem.store.stats(),
+        );
         drop(idem);
 
         let naive = NaiveRedb::open();
@@ -379,8 +402,8 @@ fn claim_throughput(c: &mut Criterion) {
             |b, &n| {
                 b.iter_custom(|iters| {
                     round += 1;
-                    let seed = derive_seed(SEED_THROUGHPUT, round, n);
-                    run_parallel(n, iters, seed, &w, &|req| naive.claim_new(req))
+                    let seed = derive_seed(seed, round, n);
+                    run_parallel(n, iters, seed, &w, &|req| naive_op(&naive, &w, req))
                 });
             },
         );
@@ -459,44 +482,14 @@ fn decisions(c: &mut Criterion) {
 }
 
 fn claim_complete_cycle(c: &mut Criterion) {
-    let w = Workload::new();
-    let mut g = c.benchmark_group("claim_complete_cycle");
-    g.sample_size(10)
-        .sampling_mode(SamplingMode::Flat)
-        .warm_up_time(Duration::from_secs(1))
-        .measurement_time(Duration::from_secs(5))
-        .throughput(Throughput::Elements(1));
-
-    for threads in CYCLE_THREADS {
-        let idem = IdemBench::open();
-        let before = idem.store.stats();
-        let mut round = 0;
-        g.bench_with_input(BenchmarkId::new("idemdb", threads), &threads, |b, &n| {
-            b.iter_custom(|iters| {
-                round += 1;
-                let seed = derive_seed(SEED_CYCLE, round, n);
-                run_parallel(n, iters, seed, &w, &|req| idem.cycle(&w, req))
-            });
-        });
-        let name = format!("claim_complete_cycle/idemdb/{threads}");
-        report_commits(&name, before, idem.store.stats());
-        drop(idem);
-
-        let naive = NaiveRedb::open();
-        let mut round = 0;
-        g.bench_with_input(
-            BenchmarkId::new("naive_redb", threads),
-            &threads,
-            |b, &n| {
-                b.iter_custom(|iters| {
-                    round += 1;
-                    let seed = derive_seed(SEED_CYCLE, round, n);
-                    run_parallel(n, iters, seed, &w, &|req| naive.cycle(&w, req))
-                });
-            },
-        );
-    }
-    g.finish();
+    side_by_side(
+        c,
+        "claim_complete_cycle",
+        &CYCLE_THREADS,
+        SEED_CYCLE,
+        |idem, w, req| idem.cycle(w, req),
+        |naive, w, req| naive.cycle(w, req),
+    );
 }
 
 /// Criterion's generated `benches` function carries no doc comment, hence the allow.

@@ -185,7 +185,7 @@ impl Store {
                     return Ok(Some(Claim::Mismatch { completed }));
                 }
                 SlotState::Completed { durable: false, .. } => {
-                    return Ok(Some(self.in_progress(Duration::MAX)));
+                    return Ok(Some(self.in_progress(Duration::ZERO)));
                 }
                 SlotState::Completed { durable: true, .. } => {
                     let fence = slot.fence;
@@ -245,6 +245,9 @@ impl Store {
         })))
     }
 
+    /// An `InProgress` answer. `lease_remaining` is zero when no live lease bounds the wait (a
+    /// completion being made durable, or a stale claim kept for the reaper): the hint stands
+    /// alone then.
     fn in_progress(&self, lease_remaining: Duration) -> Claim {
         Counters::bump(&self.inner.counters.in_progress, 1);
         let hint = self.inner.config.retry_after;
@@ -255,11 +258,7 @@ impl Store {
         };
         Claim::InProgress {
             retry_after,
-            lease_remaining: if lease_remaining == Duration::MAX {
-                Duration::ZERO
-            } else {
-                lease_remaining
-            },
+            lease_remaining,
         }
     }
 

@@ -575,39 +575,34 @@ fn oversize_response_is_refused_and_the_claim_stays_held() {
 
 // 12. A corrupt record refuses the open, naming the key.
 
-#[test]
-fn corrupt_record_refuses_open_and_names_the_key() {
+/// Completes one record, flips one bit of it at `at(value length)`, and opens the store, which
+/// must refuse with `Corrupted`; returns what the error says.
+fn open_after_damage(at: impl Fn(usize) -> usize) -> (String, String) {
     let f = Fixture::new();
     let store = f.open();
     let t = acquire(&store, &pay(), "victim-key", "a");
     store.complete(t, Response::new(200, "paid")).unwrap();
     drop(store);
-    flip_a_bit_in_every_record(&f.path, |len| len - 10);
+    flip_a_bit_in_every_record(&f.path, at);
     match Store::open(&f.path) {
-        Err(Error::Corrupted { key, reason }) => {
-            assert!(key.contains("victim-key"), "{key}");
-            assert!(reason.contains("crc32"), "{reason}");
-        }
+        Err(Error::Corrupted { key, reason }) => (key, reason),
         other => panic!("expected Corrupted, got {other:?}"),
     }
 }
 
 #[test]
+fn corrupt_record_refuses_open_and_names_the_key() {
+    let (key, reason) = open_after_damage(|len| len - 10);
+    assert!(key.contains("victim-key"), "{key}");
+    assert!(reason.contains("crc32"), "{reason}");
+}
+
+#[test]
 fn corrupt_record_whose_key_is_damaged_names_its_place() {
-    let f = Fixture::new();
-    let store = f.open();
-    let t = acquire(&store, &pay(), "victim-key", "a");
-    store.complete(t, Response::new(200, "paid")).unwrap();
-    drop(store);
     // Byte 0 is the format, 1..3 the key length: flip a bit of the key length.
-    flip_a_bit_in_every_record(&f.path, |_| 1);
-    match Store::open(&f.path) {
-        Err(Error::Corrupted { key, reason }) => {
-            assert!(key.contains("fence"), "{key}");
-            assert!(reason.contains("crc32"), "{reason}");
-        }
-        other => panic!("expected Corrupted, got {other:?}"),
-    }
+    let (key, reason) = open_after_damage(|_| 1);
+    assert!(key.contains("fence"), "{key}");
+    assert!(reason.contains("crc32"), "{reason}");
 }
 
 #[test]
