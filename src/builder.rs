@@ -163,8 +163,14 @@ impl StoreBuilder {
         Store::in_memory_with(self.config)
     }
 
-    #[cfg(any(test, fuzzing))]
-    pub(crate) fn open_backend(self, backend: impl redb::StorageBackend) -> Result<Store> {
-        Store::backend_with(self.config, backend)
+    /// Opens the store on a simulated disk. For idemdb's own crash tests and fuzzing only:
+    /// not part of the stable API.
+    ///
+    /// # Errors
+    /// As [`StoreBuilder::open`].
+    #[cfg(any(test, fuzzing, feature = "simulation"))]
+    #[doc(hidden)]
+    pub fn open_simulated(self, disk: &crate::simulation::SimDisk) -> Result<Store> {
+        Store::backend_with(self.config, disk.backend())
     }
 }

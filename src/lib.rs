@@ -44,11 +44,12 @@ mod maintenance;
 mod record;
 mod response;
 mod scope;
+#[cfg(any(test, fuzzing, feature = "simulation"))]
+#[doc(hidden)]
+pub mod simulation;
 mod stats;
 mod store;
 mod sync;
-#[cfg(any(test, fuzzing))]
-mod testing;
 #[cfg(test)]
 mod tests;
 

@@ -84,11 +84,10 @@ impl Store {
     }
 
     pub(crate) fn open_with(config: Config, path: &Path) -> Result<Store> {
-        let existed = path.try_exists()?;
-        let db = redb::Builder::new().create(path)?;
-        if !existed {
-            sync_parent_dir(path)?;
+        if !path.try_exists()? {
+            create_atomically(path)?;
         }
+        let db = redb::Builder::new().create(path)?;
         Store::start(config, db)
     }
 
@@ -507,6 +506,31 @@ impl Store {
         let live = u64::try_from(inner.index.len()).unwrap_or(u64::MAX);
         inner.counters.snapshot(inner.pipeline.batches(), live)
     }
+}
+
+/// Creates an initialised store file at `path`. The file is built under a temporary name in the
+/// same directory and fsynced, then hard-linked into place, which fails rather than replace a
+/// file another process created meanwhile; then the directory is fsynced. A crash part way
+/// leaves at most a stray `*.creating-*` file, never a half-made store at `path` (which redb
+/// would refuse to open, locking the user out of a store that never held anything).
+fn create_atomically(path: &Path) -> Result<()> {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(format!(".creating-{}-{nanos}", std::process::id()));
+    let tmp = path.with_file_name(name);
+    {
+        let db = redb::Builder::new().create(&tmp)?;
+        disk::initialise(&db)?;
+    }
+    let linked = std::fs::hard_link(&tmp, path);
+    std::fs::remove_file(&tmp)?;
+    match linked {
+        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(e.into()),
+        _ => {}
+    }
+    sync_parent_dir(path)
 }
 
 /// A new file's directory entry is durable only once the directory is fsynced.

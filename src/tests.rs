@@ -1,12 +1,12 @@
 //! Durability and fail-stop tests on the simulated disk: what `claim` and `complete` promise is
 //! checked against the durable image alone, as a power loss would leave it.
 
-use crate::testing::SimDisk;
+use crate::simulation::{CrashImage, SimDisk};
 use crate::{Claim, Error, Fingerprint, Response, Scope, Store, StoreBuilder};
 
 fn open(disk: &SimDisk) -> Store {
     StoreBuilder::default()
-        .open_backend(disk.backend())
+        .open_simulated(disk)
         .expect("open on the simulated disk")
 }
 
@@ -34,7 +34,7 @@ fn acquired_claim_is_in_the_durable_image_when_claim_returns() {
     assert!(disk.syncs() > syncs, "claim returned without an fsync");
     drop(ticket);
     drop(store);
-    disk.crash();
+    disk.crash(CrashImage::Durable);
     let store = open(&disk);
     assert!(matches!(
         store.claim(&scope(), "k1", fp()).unwrap(),
@@ -50,7 +50,7 @@ fn completion_is_in_the_durable_image_when_complete_returns() {
     let response = Response::new(201, "paid").with_header("x-id", "1");
     store.complete(ticket, response.clone()).unwrap();
     drop(store);
-    disk.crash();
+    disk.crash(CrashImage::Durable);
     let store = open(&disk);
     match store.claim(&scope(), "k1", fp()).unwrap() {
         Claim::Replay(r) => assert_eq!(r, response),
@@ -65,7 +65,7 @@ fn release_is_in_the_durable_image_when_release_returns() {
     let ticket = acquire(&store, "k1");
     store.release(ticket).unwrap();
     drop(store);
-    disk.crash();
+    disk.crash(CrashImage::Durable);
     let store = open(&disk);
     let _ticket = acquire(&store, "k1");
 }
@@ -82,7 +82,7 @@ fn fences_never_repeat_across_a_power_loss() {
     fences.push(last.fence());
     store.release(last).unwrap();
     drop(store);
-    disk.crash();
+    disk.crash(CrashImage::Durable);
     let store = open(&disk);
     let next = acquire(&store, "after").fence();
     assert!(
@@ -98,7 +98,7 @@ fn failed_sync_fails_the_claim_and_halts_the_store() {
     let disk = SimDisk::new();
     let store = open(&disk);
     let held = acquire(&store, "before");
-    disk.fail_syncs_after(0);
+    disk.fail_sync_after(0, true);
     let err = store.claim(&scope(), "k1", fp()).unwrap_err();
     assert!(matches!(err, Error::Io(_) | Error::Storage(_)), "{err:?}");
     for result in [
@@ -117,7 +117,7 @@ fn failed_sync_fails_the_claim_and_halts_the_store() {
         .to_string()
         .contains("reopen"));
     drop(store);
-    disk.crash();
+    disk.crash(CrashImage::Durable);
     let store = open(&disk);
     // The failed claim was never acknowledged; the disk does not hold it.
     assert!(store.get(&scope(), "k1").unwrap().is_none());
@@ -130,14 +130,14 @@ fn failed_write_fails_the_completion_and_keeps_the_claim_on_disk() {
     let disk = SimDisk::new();
     let store = open(&disk);
     let ticket = acquire(&store, "k1");
-    disk.fail_writes_after(0);
+    disk.fail_write_after(0, true);
     assert!(store.complete(ticket, Response::new(200, "ok")).is_err());
     assert!(matches!(
         store.claim(&scope(), "k1", fp()),
         Err(Error::Halted { .. })
     ));
     drop(store);
-    disk.crash();
+    disk.crash(CrashImage::Durable);
     let store = open(&disk);
     // Still the acknowledged in-progress claim, never a completion the disk does not hold.
     match store.get(&scope(), "k1").unwrap().unwrap().state {

@@ -647,3 +647,18 @@ fn flip_a_bit_in_every_record(path: &std::path::Path, at: impl Fn(usize) -> usiz
     }
     txn.commit().unwrap();
 }
+
+#[test]
+fn creating_a_store_leaves_only_the_store_file() {
+    let f = Fixture::new();
+    drop(f.open());
+    let names: Vec<_> = std::fs::read_dir(f.path.parent().unwrap())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, [f.path.file_name().unwrap()]);
+    // An empty file holds nothing: it is a valid new store.
+    let empty = f.path.with_file_name("empty.idem");
+    std::fs::File::create(&empty).unwrap();
+    drop(Store::open(&empty).unwrap());
+}

@@ -1,0 +1,302 @@
+//! A simulated disk for crash tests and fuzzing, not part of the stable API: it exists only
+//! under `cfg(test)`, `cfg(fuzzing)` or the `simulation` feature.
+//!
+//! [`SimDisk`] keeps what a real disk keeps: the image as of the last `sync_data` (what survives
+//! a power loss for certain) and the writes issued since, in order. A [`SimDisk::crash`] rebuilds
+//! the file from the durable image plus a chosen subset of those unsynced writes — none, all,
+//! some, or some torn at 512-byte sectors — as a power loss may leave it. It can also cut the
+//! power after a given number of I/O events (every later call fails, as if the machine were
+//! off) and fail the N-th write or sync, once or for good.
+
+use crate::sync::{Arc, Mutex};
+use redb::StorageBackend;
+
+/// The sector size torn writes are cut at.
+pub const SECTOR: usize = 512;
+
+/// Which of the writes issued since the last sync a crash keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CrashImage {
+    /// None of them: exactly the durable image.
+    Durable,
+    /// All of them, as if the cache had been flushed just before the power went.
+    All,
+    /// Each independently, chosen by the bits of a seeded generator.
+    Subset(u64),
+    /// Each independently, and of each kept write only some of its sectors.
+    Torn(u64),
+}
+
+/// What fails, and when.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+enum Fault {
+    #[default]
+    None,
+    /// Every call once `events` reaches this: the power is off.
+    PowerCut { at: u64 },
+    /// The write numbered `nth` (counting writes only) fails; `forever`: and every later one.
+    Write { nth: u64, forever: bool },
+    /// The sync numbered `nth` fails; `forever`: and every later one.
+    Sync { nth: u64, forever: bool },
+}
+
+#[derive(Debug, Clone)]
+enum Pending {
+    Write { offset: usize, data: Vec<u8> },
+    SetLen(usize),
+}
+
+#[derive(Debug, Default)]
+struct Disk {
+    durable: Vec<u8>,
+    live: Vec<u8>,
+    unsynced: Vec<Pending>,
+    /// Writes, syncs and length changes issued so far (reads are not events).
+    events: u64,
+    writes: u64,
+    syncs: u64,
+    fault: Fault,
+}
+
+/// A disk shared by the backends opened on it, one store at a time.
+#[derive(Debug, Clone, Default)]
+pub struct SimDisk(Arc<Mutex<Disk>>);
+
+impl SimDisk {
+    /// An empty disk.
+    pub fn new() -> SimDisk {
+        SimDisk::default()
+    }
+
+    /// A disk whose durable image is `image`, for opening arbitrary bytes.
+    pub fn from_image(image: Vec<u8>) -> SimDisk {
+        SimDisk(Arc::new(Mutex::new(Disk {
+            live: image.clone(),
+            durable: image,
+            ..Disk::default()
+        })))
+    }
+
+    /// A backend for `redb` over this disk.
+    pub fn backend(&self) -> SimBackend {
+        SimBackend(self.clone())
+    }
+
+    /// The live image (what reads see now).
+    pub fn image(&self) -> Vec<u8> {
+        self.0.lock().live.clone()
+    }
+
+    /// Writes, syncs and length changes issued so far.
+    pub fn events(&self) -> u64 {
+        self.0.lock().events
+    }
+
+    /// Syncs issued so far.
+    pub fn syncs(&self) -> u64 {
+        self.0.lock().syncs
+    }
+
+    /// Writes and length changes issued since the last sync.
+    pub fn unsynced(&self) -> usize {
+        self.0.lock().unsynced.len()
+    }
+
+    /// Cuts the power once `more` further events have been issued: from then on every call
+    /// fails and changes nothing.
+    pub fn cut_power_after(&self, more: u64) {
+        let mut d = self.0.lock();
+        d.fault = Fault::PowerCut {
+            at: d.events + more,
+        };
+    }
+
+    /// Fails the write `more` writes from now; with `forever`, every write after it too (a full
+    /// disk).
+    pub fn fail_write_after(&self, more: u64, forever: bool) {
+        let mut d = self.0.lock();
+        d.fault = Fault::Write {
+            nth: d.writes + more,
+            forever,
+        };
+    }
+
+    /// Fails the sync `more` syncs from now; with `forever`, every sync after it too.
+    pub fn fail_sync_after(&self, more: u64, forever: bool) {
+        let mut d = self.0.lock();
+        d.fault = Fault::Sync {
+            nth: d.syncs + more,
+            forever,
+        };
+    }
+
+    /// A power loss: the file becomes the durable image plus the unsynced writes `image`
+    /// chooses, which then counts as durable; faults are cleared (the machine reboots).
+    pub fn crash(&self, image: CrashImage) {
+        let mut d = self.0.lock();
+        let mut rebuilt = d.durable.clone();
+        let mut rng = match image {
+            CrashImage::Subset(seed) | CrashImage::Torn(seed) => seed,
+            _ => 0,
+        };
+        for p in std::mem::take(&mut d.unsynced) {
+            let keep = match image {
+                CrashImage::Durable => false,
+                CrashImage::All => true,
+                CrashImage::Subset(_) | CrashImage::Torn(_) => next(&mut rng) & 1 == 1,
+            };
+            if !keep {
+                continue;
+            }
+            match p {
+                Pending::SetLen(len) => rebuilt.resize(len, 0),
+                Pending::Write { offset, data } => {
+                    for (i, sector) in data.chunks(SECTOR).enumerate() {
+                        if matches!(image, CrashImage::Torn(_)) && next(&mut rng) & 1 == 0 {
+                            continue;
+                        }
+                        put(&mut rebuilt, offset + i * SECTOR, sector);
+                    }
+                }
+            }
+        }
+        d.live = rebuilt.clone();
+        d.durable = rebuilt;
+        d.fault = Fault::None;
+    }
+
+    /// Opens the file with plain redb and runs its integrity check: `Ok(true)` when redb found
+    /// nothing to repair. The disk must not be open in a store.
+    ///
+    /// # Errors
+    /// Whatever redb reports for a file it cannot open.
+    pub fn redb_integrity(&self) -> Result<bool, redb::Error> {
+        let mut db = redb::Builder::new().create_with_backend(self.backend())?;
+        Ok(db.check_integrity()?)
+    }
+}
+
+fn next(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+fn put(image: &mut Vec<u8>, offset: usize, data: &[u8]) {
+    let end = offset + data.len();
+    if image.len() < end {
+        image.resize(end, 0);
+    }
+    image[offset..end].copy_from_slice(data);
+}
+
+fn power_is_off() -> std::io::Error {
+    std::io::Error::other("simulated power loss")
+}
+
+fn injected() -> std::io::Error {
+    std::io::Error::other("simulated I/O fault")
+}
+
+impl Disk {
+    /// Counts an event, or refuses it if the power is off.
+    fn event(&mut self) -> std::io::Result<()> {
+        if let Fault::PowerCut { at } = self.fault {
+            if self.events >= at {
+                return Err(power_is_off());
+            }
+        }
+        self.events += 1;
+        Ok(())
+    }
+}
+
+/// The redb backend of a [`SimDisk`].
+#[derive(Debug)]
+pub struct SimBackend(SimDisk);
+
+fn offset(o: u64) -> std::io::Result<usize> {
+    usize::try_from(o).map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))
+}
+
+impl StorageBackend for SimBackend {
+    fn len(&self) -> Result<u64, std::io::Error> {
+        Ok(self.0 .0.lock().live.len() as u64)
+    }
+
+    fn read(&self, at: u64, out: &mut [u8]) -> Result<(), std::io::Error> {
+        let d = self.0 .0.lock();
+        if matches!(d.fault, Fault::PowerCut { at } if d.events >= at) {
+            return Err(power_is_off());
+        }
+        let start = offset(at)?;
+        let src = start
+            .checked_add(out.len())
+            .and_then(|end| d.live.get(start..end))
+            .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::UnexpectedEof))?;
+        out.copy_from_slice(src);
+        Ok(())
+    }
+
+    fn set_len(&self, len: u64) -> Result<(), std::io::Error> {
+        let len = offset(len)?;
+        let mut d = self.0 .0.lock();
+        d.event()?;
+        d.live.resize(len, 0);
+        d.unsynced.push(Pending::SetLen(len));
+        Ok(())
+    }
+
+    fn sync_data(&self) -> Result<(), std::io::Error> {
+        let mut d = self.0 .0.lock();
+        d.event()?;
+        let n = d.syncs;
+        d.syncs += 1;
+        if let Fault::Sync { nth, forever } = d.fault {
+            if n == nth || (forever && n > nth) {
+                return Err(injected());
+            }
+        }
+        d.durable = d.live.clone();
+        d.unsynced.clear();
+        Ok(())
+    }
+
+    fn write(&self, at: u64, data: &[u8]) -> Result<(), std::io::Error> {
+        let start = offset(at)?;
+        let mut d = self.0 .0.lock();
+        d.event()?;
+        let n = d.writes;
+        d.writes += 1;
+        if let Fault::Write { nth, forever } = d.fault {
+            if n == nth || (forever && n > nth) {
+                return Err(injected());
+            }
+        }
+        put(&mut d.live, start, data);
+        d.unsynced.push(Pending::Write {
+            offset: start,
+            data: data.to_vec(),
+        });
+        Ok(())
+    }
+}
+
+impl SimDisk {
+    /// An independent copy of this disk in its current state (live image, durable image and
+    /// unsynced writes), so one pre-crash state can be crashed several ways.
+    pub fn fork(&self) -> SimDisk {
+        let d = self.0.lock();
+        SimDisk(Arc::new(Mutex::new(Disk {
+            durable: d.durable.clone(),
+            live: d.live.clone(),
+            unsynced: d.unsynced.clone(),
+            events: d.events,
+            writes: d.writes,
+            syncs: d.syncs,
+            fault: Fault::None,
+        })))
+    }
+}
