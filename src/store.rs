@@ -265,17 +265,38 @@ impl Store {
     /// if the disk now holds another record (expired and re-claimed meanwhile) the claim looks
     /// again.
     fn replay(&self, key: &IndexKey, fence: u64) -> Result<Option<Claim>> {
-        match disk::read(self.inner.pipeline.db(), fence, &key.bytes)? {
-            Some(Record {
-                fence: f,
-                state: RecordState::Completed { response, .. },
-                ..
-            }) if f == fence => {
-                Counters::bump(&self.inner.counters.replays, 1);
-                Ok(Some(Claim::Replay(response.into())))
-            }
-            _ => Ok(None),
+        let response = self.stored_response(key, fence)?;
+        if response.is_some() {
+            Counters::bump(&self.inner.counters.replays, 1);
         }
+        Ok(response.map(Claim::Replay))
+    }
+
+    /// The response of the completed record at `fence`, read from the file; `None` if the
+    /// index moved on meanwhile (the key expired and was claimed again), so the caller looks
+    /// again.
+    ///
+    /// # Errors
+    /// [`Error::Corrupted`] if the index still holds that completed record but the file does
+    /// not: the file changed under the store, and looking again would spin forever.
+    fn stored_response(&self, key: &IndexKey, fence: u64) -> Result<Option<Response>> {
+        if let Some(Record {
+            state: RecordState::Completed { response, .. },
+            ..
+        }) = disk::read(self.inner.pipeline.db(), fence, &key.bytes)?
+        {
+            return Ok(Some(response.into()));
+        }
+        let unchanged = self.inner.index.lock(key).get(key).is_some_and(|slot| {
+            slot.fence == fence && matches!(slot.state, SlotState::Completed { durable: true, .. })
+        });
+        if unchanged {
+            return Err(Error::Corrupted {
+                key: crate::scope::display_scoped_key(&key.bytes),
+                reason: format!("completed record at fence {fence} is missing from the file"),
+            });
+        }
+        Ok(None)
     }
 
     /// Stores `response` for the ticket's key and ends the claim: every later claim with the
@@ -477,16 +498,12 @@ impl Store {
                             orphan: false,
                         }
                     } else {
-                        match disk::read(inner.pipeline.db(), slot.fence, &key.bytes)? {
-                            Some(Record {
-                                fence,
-                                state: RecordState::Completed { response, .. },
-                                ..
-                            }) if fence == slot.fence => EntryState::Completed {
+                        match self.stored_response(&key, slot.fence)? {
+                            Some(response) => EntryState::Completed {
                                 expires_at: from_millis(expires_at),
-                                response: response.into(),
+                                response,
                             },
-                            _ => continue,
+                            None => continue,
                         }
                     }
                 }

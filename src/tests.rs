@@ -168,3 +168,38 @@ fn concurrent_claims_share_commits() {
     assert!(stats.commit_batches <= stats.acquired);
     assert!(disk.syncs() - syncs >= 1);
 }
+
+/// Regression: a replay whose record vanished from the file (index and file disagree) looped
+/// forever in `claim`, looking again and again. It must report corruption instead.
+#[test]
+fn replay_of_a_record_missing_from_the_file_is_corruption_not_a_hang() {
+    use crate::index::{Slot, SlotState};
+    let store = Store::in_memory().unwrap();
+    let key = store
+        .inner
+        .index
+        .key(crate::scope::scoped_key(&scope(), "ghost").unwrap());
+    store.inner.index.lock(&key).insert(
+        key.clone(),
+        Slot {
+            fence: 999,
+            fingerprint: fp(),
+            claimed_at: 0,
+            state: SlotState::Completed {
+                expires_at: u64::MAX,
+                durable: true,
+            },
+        },
+    );
+    match store.claim(&scope(), "ghost", fp()) {
+        Err(Error::Corrupted { key, reason }) => {
+            assert!(key.contains("ghost"), "{key}");
+            assert!(reason.contains("fence 999"), "{reason}");
+        }
+        other => panic!("expected Corrupted, got {other:?}"),
+    }
+    assert!(matches!(
+        store.get(&scope(), "ghost"),
+        Err(Error::Corrupted { .. })
+    ));
+}

@@ -662,3 +662,23 @@ fn creating_a_store_leaves_only_the_store_file() {
     std::fs::File::create(&empty).unwrap();
     drop(Store::open(&empty).unwrap());
 }
+
+/// Regression: a crash while creating a new store left a half-made redb file at the store's
+/// path, which redb then refused to open ("magic number mismatch"), locking the user out of a
+/// store that never held anything. Creation now builds the file under a temporary name and links
+/// it into place; a leftover temporary file from such a crash does not get in the way.
+#[test]
+fn a_crash_during_creation_leaves_no_half_made_store() {
+    let f = Fixture::new();
+    let stray = f.path.with_file_name("store.idem.creating-4242-17");
+    std::fs::write(&stray, vec![0u8; 4096]).unwrap();
+    let store = f.open();
+    let _t = acquire(&store, &pay(), "k1", "a");
+    drop(store);
+    let store = f.open();
+    assert_in_progress(store.claim(&pay(), "k1", fp("a")).unwrap());
+    assert!(
+        stray.exists(),
+        "another creator's temporary file is never touched"
+    );
+}
