@@ -7,6 +7,9 @@
 //! (default 1) how many workloads to sweep; `IDEMDB_CRASH_IMAGES` (default 4) how many images
 //! per crash point.
 
+// Test arithmetic on small counts; the lint guards the on-disk format.
+#![allow(clippy::cast_possible_truncation)]
+
 mod crash_model;
 
 use crash_model::{crash_and_check, old_ticket_is_fenced_off, run_on, workload, Stop};
