@@ -32,6 +32,7 @@
 //! See `docs/design.md` for the architecture and the crash-recovery argument, and
 //! `docs/format.md` for the on-disk format.
 
+pub mod agent;
 mod builder;
 mod claim;
 mod clock;

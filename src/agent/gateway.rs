@@ -1,0 +1,275 @@
+//! The gateway: claim before the tool runs, store its result, replay it on every retry.
+
+use super::key::ToolCallKey;
+use crate::claim::{Claim, Takeover};
+use crate::error::{Error, Result};
+use crate::fingerprint::Fingerprint;
+use crate::response::Response;
+use crate::scope::Scope;
+use crate::store::Store;
+use sha2::{Digest, Sha256};
+use std::time::{Duration, Instant};
+
+/// The endpoint part of every tool call's scope: tool calls never share records with HTTP
+/// endpoints of the same tenant.
+const ENDPOINT: &str = "agent tool call";
+/// The stored response's header holding the SHA-256 of the arguments of the first attempt.
+const ARGS_HEADER: &str = "idemdb-tool-args-sha256";
+const STATUS_OK: u16 = 200;
+const STATUS_FAILED: u16 = 422;
+
+/// What a retry with the same key but different arguments gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum ArgumentPolicy {
+    /// The first result is replayed, and the outcome says the arguments changed, so the harness
+    /// can log it. The default: a model that retries a timed-out tool often rewords its
+    /// arguments, and that retry must not repeat the side effect.
+    #[default]
+    ReplayFirst,
+    /// A retry with different arguments is refused ([`Outcome::ArgumentsChanged`]) and nothing
+    /// runs: for tools where different arguments can only mean a different intent.
+    Strict,
+}
+
+/// How a tool failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ToolError {
+    /// A failure of the moment (a timeout, a 5xx from the tool server, a rate limit): the key
+    /// is released, and the next attempt runs the tool again.
+    Transient(String),
+    /// A deterministic failure (invalid arguments, a refused operation): stored like a result
+    /// and replayed to every retry.
+    Failed(Vec<u8>),
+}
+
+/// What a tool sees when the gateway runs it.
+#[derive(Debug)]
+pub struct ToolContext<'a> {
+    /// The arguments of this attempt.
+    pub args: &'a [u8],
+    /// The claim's fencing token: pass it to the tool server if it can refuse stale writers.
+    pub fence: u64,
+    /// `Some` when an earlier attempt of this call was abandoned (it crashed or its lease ran
+    /// out) and may have performed the side effect: reconcile first (look the effect up by the
+    /// key) before performing it again.
+    pub takeover: Option<&'a Takeover>,
+}
+
+/// A stored tool result: `Ok` for success, `Err` for a deterministic failure.
+pub type ToolResult = std::result::Result<Vec<u8>, Vec<u8>>;
+
+/// The outcome of [`Gateway::call`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use]
+pub enum Outcome {
+    /// The tool ran in this call; its result is stored.
+    Executed(ToolResult),
+    /// The tool had already run for this key: its stored result, and whether this attempt's
+    /// arguments differ from the first's (a reworded retry).
+    Replayed {
+        /// The stored result.
+        result: ToolResult,
+        /// The arguments differ from those of the attempt that ran.
+        arguments_changed: bool,
+    },
+    /// Another attempt of this call is running now (and did not finish within the wait bound).
+    InFlight {
+        /// When to try again.
+        retry_after: Duration,
+    },
+    /// The tool failed for the moment; the key was released, so a later attempt runs it again.
+    Released {
+        /// What the tool said.
+        reason: String,
+    },
+    /// [`ArgumentPolicy::Strict`] only: the key was used with other arguments. Nothing ran.
+    ArgumentsChanged,
+}
+
+/// Wraps tool execution so each logical tool call has its side effect at most once per key,
+/// across retries, reworded arguments, concurrent duplicates and process restarts.
+///
+/// ```
+/// use idemdb::agent::{Gateway, Outcome, ToolCallKey};
+/// use idemdb::Store;
+/// let gateway = Gateway::new(Store::in_memory()?);
+/// let key = ToolCallKey::new("task-7", 2, "create_incident");
+/// let mut incidents = 0;
+/// let first = gateway.call("agent-a", &key, br#"{"title":"DB down"}"#, |_ctx| {
+///     incidents += 1;
+///     Ok(br#"{"incident":"INC-1"}"#.to_vec())
+/// })?;
+/// assert_eq!(first, Outcome::Executed(Ok(br#"{"incident":"INC-1"}"#.to_vec())));
+/// // The model times out and retries, rewording its arguments: no second incident.
+/// let retry = gateway.call("agent-a", &key, br#"{"title":"Database is down"}"#, |_ctx| {
+///     incidents += 1;
+///     Ok(b"never".to_vec())
+/// })?;
+/// assert!(matches!(retry, Outcome::Replayed { arguments_changed: true, .. }));
+/// assert_eq!(incidents, 1);
+/// # Ok::<(), idemdb::Error>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct Gateway {
+    store: Store,
+    policy: ArgumentPolicy,
+    wait: Duration,
+}
+
+/// Configures a [`Gateway`].
+#[derive(Debug, Clone)]
+#[must_use]
+pub struct GatewayBuilder {
+    gateway: Gateway,
+}
+
+impl GatewayBuilder {
+    /// What a retry with different arguments gets. Default: [`ArgumentPolicy::ReplayFirst`].
+    pub fn argument_policy(mut self, policy: ArgumentPolicy) -> Self {
+        self.gateway.policy = policy;
+        self
+    }
+
+    /// How long a duplicate of an in-flight call waits for the first attempt to finish (and
+    /// then gets its replay) before answering [`Outcome::InFlight`]. Default: zero (answer at
+    /// once).
+    pub fn wait_for_in_flight(mut self, bound: Duration) -> Self {
+        self.gateway.wait = bound;
+        self
+    }
+
+    /// The gateway.
+    pub fn build(self) -> Gateway {
+        self.gateway
+    }
+}
+
+impl Gateway {
+    /// A gateway over `store` with the defaults.
+    pub fn new(store: Store) -> Gateway {
+        Gateway::builder(store).build()
+    }
+
+    /// A builder to change the defaults.
+    pub fn builder(store: Store) -> GatewayBuilder {
+        GatewayBuilder {
+            gateway: Gateway {
+                store,
+                policy: ArgumentPolicy::default(),
+                wait: Duration::ZERO,
+            },
+        }
+    }
+
+    /// The store underneath (to reap, purge, or inspect).
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// Runs `tool` for the call `key` of `tenant` (the agent, user or workspace the call acts
+    /// for; calls of different tenants never share records) unless it already ran.
+    ///
+    /// The claim is durable before `tool` runs. On `Ok` the result is stored (durably) and
+    /// replayed to every later call with this key; on [`ToolError::Transient`] the key is
+    /// released; on [`ToolError::Failed`] the failure is stored and replayed.
+    ///
+    /// # Concurrency
+    /// Concurrent calls with one key run `tool` once; the others wait up to the configured
+    /// bound for its result, or get [`Outcome::InFlight`]. If `tool` panics, or the process
+    /// dies while it runs, the claim stays in progress until its lease runs out; the next call
+    /// then runs the tool with [`ToolContext::takeover`] set, so it can reconcile first.
+    ///
+    /// # Errors
+    /// The store's errors: [`Error::InvalidScope`] for an empty or over-long tenant,
+    /// [`Error::ResponseTooLarge`] for an oversize result (the claim is released), I/O errors.
+    pub fn call(
+        &self,
+        tenant: &str,
+        key: &ToolCallKey,
+        args: &[u8],
+        tool: impl FnOnce(&ToolContext<'_>) -> std::result::Result<Vec<u8>, ToolError>,
+    ) -> Result<Outcome> {
+        let scope = Scope::new(tenant, ENDPOINT);
+        let args_digest: [u8; 32] = Sha256::digest(args).into();
+        let fingerprint = match self.policy {
+            ArgumentPolicy::ReplayFirst => Fingerprint::builder()
+                .part(b"idemdb agent tool")
+                .part(key.tool().as_bytes())
+                .finish(),
+            ArgumentPolicy::Strict => Fingerprint::from_bytes(args_digest),
+        };
+        let deadline = Instant::now() + self.wait;
+        let ticket = loop {
+            match self.store.claim(&scope, key.as_str(), fingerprint)? {
+                Claim::Acquired(ticket) => break ticket,
+                Claim::Replay(stored) => return Ok(replayed(&stored, &args_digest)),
+                Claim::Mismatch { .. } => return Ok(Outcome::ArgumentsChanged),
+                Claim::InProgress { retry_after, .. } => {
+                    let now = Instant::now();
+                    if now >= deadline {
+                        return Ok(Outcome::InFlight { retry_after });
+                    }
+                    let nap = retry_after
+                        .min(deadline - now)
+                        .min(Duration::from_millis(20));
+                    std::thread::sleep(nap.max(Duration::from_millis(1)));
+                }
+            }
+        };
+        let ctx = ToolContext {
+            args,
+            fence: ticket.fence(),
+            takeover: ticket.takeover(),
+        };
+        let (status, body) = match tool(&ctx) {
+            Ok(result) => (STATUS_OK, result),
+            Err(ToolError::Failed(failure)) => (STATUS_FAILED, failure),
+            Err(ToolError::Transient(reason)) => {
+                self.store.release(ticket)?;
+                return Ok(Outcome::Released { reason });
+            }
+        };
+        let response = Response::new(status, body).with_header(ARGS_HEADER, hex(&args_digest));
+        match self.store.complete(ticket, response.clone()) {
+            Ok(()) => Ok(Outcome::Executed(result_of(&response))),
+            Err(Error::ResponseTooLarge {
+                size,
+                limit,
+                ticket: Some(ticket),
+            }) => {
+                self.store.release(*ticket)?;
+                Err(Error::ResponseTooLarge {
+                    size,
+                    limit,
+                    ticket: None,
+                })
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn result_of(stored: &Response) -> ToolResult {
+    if stored.status() == STATUS_OK {
+        Ok(stored.body().to_vec())
+    } else {
+        Err(stored.body().to_vec())
+    }
+}
+
+fn replayed(stored: &Response, args_digest: &[u8; 32]) -> Outcome {
+    let first = stored
+        .headers()
+        .iter()
+        .find(|(name, _)| name == ARGS_HEADER)
+        .map(|(_, v)| v.as_slice());
+    Outcome::Replayed {
+        result: result_of(stored),
+        arguments_changed: first != Some(hex(args_digest).as_bytes()),
+    }
+}
