@@ -68,3 +68,7 @@ pub use store::Store;
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
+
+#[cfg(doctest)]
+#[doc = include_str!("../docs/agents.md")]
+struct AgentsDoctests;

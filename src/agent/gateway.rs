@@ -62,6 +62,7 @@ pub type ToolResult = std::result::Result<Vec<u8>, Vec<u8>>;
 /// The outcome of [`Gateway::call`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[must_use]
+#[non_exhaustive]
 pub enum Outcome {
     /// The tool ran in this call; its result is stored.
     Executed(ToolResult),
