@@ -2,6 +2,10 @@
 //! becomes the leader, takes everything queued, writes it in one redb transaction with one
 //! fsync, and wakes the others. A lone caller commits on its own thread, with no hand-off.
 //!
+//! Async callers never block their executor thread on an fsync: they register a waker and a
+//! `idemdb-flush` thread, started on first use, leads commits while any async caller waits.
+//! Sync leaders wake async waiters too, so both kinds share batches.
+//!
 //! Invariants:
 //! - an op's sequence number is below `durable` only once the batch holding it is fsynced;
 //! - after a failed commit the pipeline is halted: queued and later ops fail, and nothing is
@@ -10,8 +14,12 @@
 
 use crate::disk::{write_batch, Op};
 use crate::error::{Error, Result};
-use crate::sync::{AtomicBool, AtomicU64, Condvar, Mutex, Ordering};
+use crate::sync::{Arc, AtomicBool, AtomicU64, Condvar, Mutex, MutexGuard, Ordering};
 use redb::Database;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Once, Weak};
+use std::task::{Context, Poll, Waker};
 
 pub(crate) struct Pipeline {
     db: Database,
@@ -19,6 +27,8 @@ pub(crate) struct Pipeline {
     done: Condvar,
     halted: AtomicBool,
     batches: AtomicU64,
+    flusher: Arc<FlushSignal>,
+    flusher_started: Once,
 }
 
 struct State {
@@ -31,12 +41,38 @@ struct State {
     halted: Option<String>,
     /// The fence reservation on disk; only the leader touches it.
     reserved: u64,
+    /// Async callers waiting for their op: (sequence number, waker).
+    wakers: Vec<(u64, Waker)>,
 }
 
-/// A queued op's place in line; redeem it with [`Pipeline::wait`].
+/// Tells the flusher thread there is an async caller to serve, or that the pipeline is gone.
+/// The thread holds only this and a `Weak` to the pipeline while idle, so dropping the store
+/// closes the file at once.
+#[derive(Default)]
+struct FlushSignal {
+    state: Mutex<(bool, bool)>,
+    wake: Condvar,
+}
+
+impl FlushSignal {
+    fn raise(&self, shutdown: bool) {
+        let mut s = self.state.lock();
+        s.0 = true;
+        s.1 |= shutdown;
+        self.wake.notify_one();
+    }
+}
+
+/// A queued op's place in line; redeem it with [`Pipeline::wait`] or [`Pipeline::durable`].
 #[must_use = "an op is not durable until its ticket is waited on"]
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Seq(u64);
+
+fn halted(cause: &str) -> Error {
+    Error::Halted {
+        cause: cause.to_owned(),
+    }
+}
 
 impl Pipeline {
     pub(crate) fn new(db: Database, reserved: u64) -> Pipeline {
@@ -49,10 +85,13 @@ impl Pipeline {
                 committing: false,
                 halted: None,
                 reserved,
+                wakers: Vec::new(),
             }),
             done: Condvar::new(),
             halted: AtomicBool::new(false),
             batches: AtomicU64::new(0),
+            flusher: Arc::default(),
+            flusher_started: Once::new(),
         }
     }
 
@@ -67,8 +106,8 @@ impl Pipeline {
     /// Fails once any commit has failed.
     pub(crate) fn check(&self) -> Result<()> {
         if self.halted.load(Ordering::Acquire) {
-            let cause = self.state.lock().halted.clone().unwrap_or_default();
-            return Err(Error::Halted { cause });
+            let s = self.state.lock();
+            return Err(halted(s.halted.as_deref().unwrap_or_default()));
         }
         Ok(())
     }
@@ -78,9 +117,7 @@ impl Pipeline {
     pub(crate) fn enqueue(&self, op: Op) -> Result<Seq> {
         let mut s = self.state.lock();
         if let Some(cause) = &s.halted {
-            return Err(Error::Halted {
-                cause: cause.clone(),
-            });
+            return Err(halted(cause));
         }
         s.queue.push(op);
         s.next += 1;
@@ -99,43 +136,155 @@ impl Pipeline {
                 return Ok(());
             }
             if let Some(cause) = &s.halted {
-                return Err(Error::Halted {
-                    cause: cause.clone(),
-                });
+                return Err(halted(cause));
             }
             if s.committing {
                 self.done.wait(&mut s);
                 continue;
             }
-            s.committing = true;
-            let batch = std::mem::take(&mut s.queue);
-            let upto = s.next;
-            let mut reserved = s.reserved;
-            drop(s);
-            let result = {
-                // A panic inside redb must not leave `committing` set forever.
-                let guard = HaltOnUnwind(self);
-                let r = write_batch(&self.db, &batch, &mut reserved);
-                std::mem::forget(guard);
-                r
-            };
-            s = self.state.lock();
-            s.reserved = reserved;
-            s.committing = false;
-            match result {
-                Ok(()) => {
-                    s.durable = upto;
-                    self.batches.fetch_add(1, Ordering::Relaxed);
-                }
-                Err(e) => {
-                    s.halted = Some(e.to_string());
-                    self.halted.store(true, Ordering::Release);
-                    self.done.notify_all();
-                    return Err(e);
-                }
-            }
-            self.done.notify_all();
+            self.lead(&mut s)?;
         }
+    }
+
+    /// A future that resolves once `seq` is durable, without blocking the thread that polls
+    /// it: the flusher thread commits on its behalf.
+    pub(crate) fn durable(self: &Arc<Self>, seq: Seq) -> Durable {
+        self.start_flusher();
+        Durable {
+            pipeline: Arc::clone(self),
+            seq: seq.0,
+        }
+    }
+
+    /// Commits one batch: everything queued. Called with the state locked and no commit
+    /// running; returns with the state locked.
+    fn lead(&self, s: &mut MutexGuard<'_, State>) -> Result<()> {
+        s.committing = true;
+        let batch = std::mem::take(&mut s.queue);
+        let upto = s.next;
+        let mut reserved = s.reserved;
+        let result = MutexGuard::unlocked(s, || {
+            // A panic inside redb must not leave `committing` set forever.
+            let guard = HaltOnUnwind(self);
+            let r = write_batch(&self.db, &batch, &mut reserved);
+            std::mem::forget(guard);
+            r
+        });
+        s.reserved = reserved;
+        s.committing = false;
+        let outcome = match result {
+            Ok(()) => {
+                s.durable = upto;
+                self.batches.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(e) => {
+                s.halted = Some(e.to_string());
+                self.halted.store(true, Ordering::Release);
+                Err(e)
+            }
+        };
+        self.done.notify_all();
+        let durable = s.durable;
+        let all = s.halted.is_some();
+        s.wakers.retain(|(seq, waker)| {
+            let ready = all || *seq < durable;
+            if ready {
+                waker.wake_by_ref();
+            }
+            !ready
+        });
+        outcome
+    }
+
+    fn start_flusher(self: &Arc<Self>) {
+        self.flusher_started.call_once(|| {
+            let weak = Arc::downgrade(self);
+            let signal = Arc::clone(&self.flusher);
+            let spawned = std::thread::Builder::new()
+                .name("idemdb-flush".into())
+                .spawn(move || flush_loop(&weak, &signal));
+            if spawned.is_err() {
+                // Without a flusher, async waiters would wait forever: halt instead.
+                let mut s = self.state.lock();
+                s.halted = Some("could not start the idemdb-flush thread".into());
+                self.halted.store(true, Ordering::Release);
+            }
+        });
+    }
+
+    /// Leads commits while an async caller waits for an op not yet durable.
+    fn flush_for_async(&self) {
+        let mut s = self.state.lock();
+        loop {
+            if s.halted.is_some() {
+                for (_, waker) in s.wakers.drain(..) {
+                    waker.wake();
+                }
+                return;
+            }
+            let durable = s.durable;
+            if !s.wakers.iter().any(|(seq, _)| *seq >= durable) {
+                return;
+            }
+            if s.committing {
+                self.done.wait(&mut s);
+                continue;
+            }
+            // Errors reach the waiters through the halted state.
+            let _ = self.lead(&mut s);
+        }
+    }
+}
+
+fn flush_loop(pipeline: &Weak<Pipeline>, signal: &FlushSignal) {
+    loop {
+        {
+            let mut s = signal.state.lock();
+            while !s.0 {
+                signal.wake.wait(&mut s);
+            }
+            if s.1 {
+                return;
+            }
+            s.0 = false;
+        }
+        let Some(p) = pipeline.upgrade() else { return };
+        p.flush_for_async();
+    }
+}
+
+impl Drop for Pipeline {
+    fn drop(&mut self) {
+        self.flusher.raise(true);
+    }
+}
+
+/// Resolves once an op is durable; see [`Pipeline::durable`].
+pub(crate) struct Durable {
+    pipeline: Arc<Pipeline>,
+    seq: u64,
+}
+
+impl Future for Durable {
+    type Output = Result<()>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<()>> {
+        let p = &self.pipeline;
+        let mut s = p.state.lock();
+        if self.seq < s.durable {
+            return Poll::Ready(Ok(()));
+        }
+        if let Some(cause) = &s.halted {
+            return Poll::Ready(Err(halted(cause)));
+        }
+        match s.wakers.iter_mut().find(|(seq, _)| *seq == self.seq) {
+            Some((_, waker)) => waker.clone_from(cx.waker()),
+            None => s.wakers.push((self.seq, cx.waker().clone())),
+        }
+        drop(s);
+        p.flusher.raise(false);
+        Poll::Pending
     }
 }
 
@@ -148,6 +297,9 @@ impl Drop for HaltOnUnwind<'_> {
         s.halted = Some("the commit panicked".into());
         self.0.halted.store(true, Ordering::Release);
         self.0.done.notify_all();
+        for (_, waker) in s.wakers.drain(..) {
+            waker.wake();
+        }
     }
 }
 

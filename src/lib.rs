@@ -33,6 +33,7 @@
 //! `docs/format.md` for the on-disk format.
 
 pub mod agent;
+mod asynchronous;
 mod builder;
 mod claim;
 mod clock;

@@ -4,7 +4,7 @@
 use crate::builder::{Config, StalePolicy, StoreBuilder};
 use crate::claim::{Claim, Entry, EntryState, Takeover, Ticket};
 use crate::clock::{duration_millis, from_millis, to_millis};
-use crate::commit::Pipeline;
+use crate::commit::{Pipeline, Seq};
 use crate::disk::{self, Gone, Op};
 use crate::error::{Error, Result};
 use crate::fingerprint::Fingerprint;
@@ -50,12 +50,22 @@ pub struct Store {
 #[derive(Debug)]
 pub(crate) struct Inner {
     pub(crate) index: Index,
-    pub(crate) pipeline: Pipeline,
+    pub(crate) pipeline: Arc<Pipeline>,
     pub(crate) config: Config,
     pub(crate) counters: Counters,
     next_fence: AtomicU64,
     /// Tells this store's tickets from another's (or a previous process's).
     id: u64,
+}
+
+/// How far one claim attempt got.
+pub(crate) enum Attempt {
+    /// Decided from the index (or a replay read): nothing to wait for.
+    Answer(Claim),
+    /// A replay's record changed under it: look again.
+    Again,
+    /// Acquired: the claim's write is queued; the ticket is the caller's once it is durable.
+    Queued(Seq, Ticket),
 }
 
 static NEXT_STORE_ID: AtomicU64 = AtomicU64::new(1);
@@ -123,7 +133,7 @@ impl Store {
         Ok(Store {
             inner: Arc::new(Inner {
                 index,
-                pipeline: Pipeline::new(db, loaded.reserved),
+                pipeline: Arc::new(Pipeline::new(db, loaded.reserved)),
                 config,
                 counters: Counters::default(),
                 next_fence: AtomicU64::new(loaded.high_fence + 1),
@@ -156,18 +166,35 @@ impl Store {
     /// [`Error::Halted`] after a failed commit; [`Error::Io`] if the commit holding this claim
     /// failed, in which case the claim is not held.
     pub fn claim(&self, scope: &Scope, key: &str, fingerprint: Fingerprint) -> Result<Claim> {
-        self.inner.pipeline.check()?;
-        let key = self.inner.index.key(scoped_key(scope, key)?);
+        let key = self.claim_key(scope, key)?;
         loop {
-            if let Some(claim) = self.try_claim(&key, fingerprint)? {
-                return Ok(claim);
+            match self.claim_start(&key, fingerprint)? {
+                Attempt::Answer(claim) => return Ok(claim),
+                Attempt::Again => continue,
+                Attempt::Queued(seq, ticket) => {
+                    self.inner.pipeline.wait(seq)?;
+                    return Ok(self.claim_finish(ticket));
+                }
             }
         }
     }
 
-    /// One attempt; `None` when a replay's record changed under it and the claim must look
-    /// again.
-    fn try_claim(&self, key: &IndexKey, fingerprint: Fingerprint) -> Result<Option<Claim>> {
+    pub(crate) fn claim_key(&self, scope: &Scope, key: &str) -> Result<IndexKey> {
+        self.inner.pipeline.check()?;
+        Ok(self.inner.index.key(scoped_key(scope, key)?))
+    }
+
+    pub(crate) fn claim_finish(&self, ticket: Ticket) -> Claim {
+        let c = &self.inner.counters;
+        Counters::bump(&c.acquired, 1);
+        if ticket.takeover.is_some() {
+            Counters::bump(&c.takeovers, 1);
+        }
+        Claim::Acquired(ticket)
+    }
+
+    /// One attempt, up to queueing the claim's write.
+    pub(crate) fn claim_start(&self, key: &IndexKey, fingerprint: Fingerprint) -> Result<Attempt> {
         let inner = &*self.inner;
         let c = &inner.counters;
         let now = self.now();
@@ -181,15 +208,18 @@ impl Store {
                 _ if slot.fingerprint != fingerprint => {
                     Counters::bump(&c.mismatches, 1);
                     let completed = matches!(slot.state, SlotState::Completed { .. });
-                    return Ok(Some(Claim::Mismatch { completed }));
+                    return Ok(Attempt::Answer(Claim::Mismatch { completed }));
                 }
                 SlotState::Completed { durable: false, .. } => {
-                    return Ok(Some(self.in_progress(Duration::ZERO)));
+                    return Ok(Attempt::Answer(self.in_progress(Duration::ZERO)));
                 }
                 SlotState::Completed { durable: true, .. } => {
                     let fence = slot.fence;
                     drop(stripe);
-                    return self.replay(key, fence);
+                    return Ok(match self.replay(key, fence)? {
+                        Some(claim) => Attempt::Answer(claim),
+                        None => Attempt::Again,
+                    });
                 }
                 SlotState::InProgress {
                     lease_until,
@@ -197,10 +227,10 @@ impl Store {
                 } => {
                     if now < lease_until {
                         let left = Duration::from_millis(lease_until - now);
-                        return Ok(Some(self.in_progress(left)));
+                        return Ok(Attempt::Answer(self.in_progress(left)));
                     }
                     if inner.config.stale_policy == StalePolicy::Keep {
-                        return Ok(Some(self.in_progress(Duration::ZERO)));
+                        return Ok(Attempt::Answer(self.in_progress(Duration::ZERO)));
                     }
                     let takeover = Takeover {
                         previous_fence: slot.fence,
@@ -228,12 +258,7 @@ impl Store {
         })?;
         stripe.insert(key.clone(), crate::disk::slot_of(&record, false));
         drop(stripe);
-        inner.pipeline.wait(seq)?;
-        Counters::bump(&c.acquired, 1);
-        if takeover.is_some() {
-            Counters::bump(&c.takeovers, 1);
-        }
-        Ok(Some(Claim::Acquired(Ticket {
+        let ticket = Ticket {
             store: inner.id,
             key: key.clone(),
             fence,
@@ -241,7 +266,8 @@ impl Store {
             claimed_at: now,
             lease_until: AtomicU64::new(lease_until),
             takeover,
-        })))
+        };
+        Ok(Attempt::Queued(seq, ticket))
     }
 
     /// An `InProgress` answer. `lease_remaining` is zero when no live lease bounds the wait (a
@@ -315,6 +341,18 @@ impl Store {
     /// back: release it or store a smaller response); [`Error::LeaseLost`] if the claim was released, reaped or taken over, or the
     /// ticket is from another store; [`Error::Halted`] / [`Error::Io`] if the commit failed.
     pub fn complete(&self, ticket: Ticket, response: Response) -> Result<()> {
+        let (seq, done) = self.complete_start(ticket, response)?;
+        self.inner.pipeline.wait(seq)?;
+        self.complete_finish(&done);
+        Ok(())
+    }
+
+    /// Queues a completion; [`Store::complete_finish`] once it is durable.
+    pub(crate) fn complete_start(
+        &self,
+        ticket: Ticket,
+        response: Response,
+    ) -> Result<(Seq, Ticket)> {
         let inner = &*self.inner;
         inner.pipeline.check()?;
         let size = response_size(&response);
@@ -354,10 +392,12 @@ impl Store {
             };
             seq
         };
-        inner.pipeline.wait(seq)?;
+        Ok((seq, ticket))
+    }
+
+    pub(crate) fn complete_finish(&self, ticket: &Ticket) {
         self.mark_durable(&ticket.key, ticket.fence);
-        Counters::bump(&inner.counters.completes, 1);
-        Ok(())
+        Counters::bump(&self.inner.counters.completes, 1);
     }
 
     /// Deletes the claim, durably, so the next claim of the key is `Acquired` and executes.
@@ -372,18 +412,20 @@ impl Store {
     /// [`Error::LeaseLost`] if the claim is no longer held by this ticket;
     /// [`Error::Halted`] / [`Error::Io`] if the commit failed.
     pub fn release(&self, ticket: Ticket) -> Result<()> {
+        let seq = self.release_start(&ticket)?;
+        self.inner.pipeline.wait(seq)?;
+        Counters::bump(&self.inner.counters.releases, 1);
+        Ok(())
+    }
+
+    pub(crate) fn release_start(&self, ticket: &Ticket) -> Result<Seq> {
         let inner = &*self.inner;
         inner.pipeline.check()?;
-        let seq = {
-            let mut stripe = inner.index.lock(&ticket.key);
-            let gone = Gone::of(self.held(&mut stripe, &ticket)?);
-            let seq = inner.pipeline.enqueue(Op::Delete(gone))?;
-            stripe.remove(&ticket.key);
-            seq
-        };
-        inner.pipeline.wait(seq)?;
-        Counters::bump(&inner.counters.releases, 1);
-        Ok(())
+        let mut stripe = inner.index.lock(&ticket.key);
+        let gone = Gone::of(self.held(&mut stripe, ticket)?);
+        let seq = inner.pipeline.enqueue(Op::Delete(gone))?;
+        stripe.remove(&ticket.key);
+        Ok(seq)
     }
 
     /// Renews the ticket's lease to run until `by` from now, durably, so a slow handler is not
@@ -394,6 +436,13 @@ impl Store {
     /// already have happened: stop and reconcile); [`Error::Halted`] / [`Error::Io`] if the
     /// commit failed.
     pub fn extend(&self, ticket: &Ticket, by: Duration) -> Result<()> {
+        let (seq, lease_until) = self.extend_start(ticket, by)?;
+        self.inner.pipeline.wait(seq)?;
+        ticket.lease_until.store(lease_until, Ordering::Relaxed);
+        Ok(())
+    }
+
+    pub(crate) fn extend_start(&self, ticket: &Ticket, by: Duration) -> Result<(Seq, u64)> {
         let inner = &*self.inner;
         inner.pipeline.check()?;
         let lease_until = self.now().saturating_add(duration_millis(by));
@@ -419,9 +468,7 @@ impl Store {
             };
             seq
         };
-        inner.pipeline.wait(seq)?;
-        ticket.lease_until.store(lease_until, Ordering::Relaxed);
-        Ok(())
+        Ok((seq, lease_until))
     }
 
     /// Lets claims replay a completion once its batch is fsynced.

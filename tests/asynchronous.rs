@@ -1,0 +1,161 @@
+//! The async API: durable before it resolves, never blocking the polling thread on an fsync,
+//! sharing batches, failing with the store, and letting the file go when the store is dropped.
+
+use idemdb::simulation::SimDisk;
+use idemdb::{Claim, Error, Fingerprint, Response, Scope, Store};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
+
+/// Wakes by setting a flag; the single-threaded executor below polls whatever was woken.
+struct Flag(AtomicBool, std::thread::Thread);
+
+impl Wake for Flag {
+    fn wake(self: Arc<Self>) {
+        self.0.store(true, Ordering::SeqCst);
+        self.1.unpark();
+    }
+}
+
+/// Polls every future on this one thread until all are done; returns their outputs and how
+/// many times the thread found nothing ready and parked (it never blocks inside a poll).
+fn run_all<F: Future>(futures: Vec<F>) -> (Vec<F::Output>, usize) {
+    let flag = Arc::new(Flag(AtomicBool::new(true), std::thread::current()));
+    let waker = Waker::from(flag.clone());
+    let mut cx = Context::from_waker(&waker);
+    let mut futures: Vec<Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();
+    let mut outputs: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
+    let mut parks = 0;
+    while outputs.iter().any(Option::is_none) {
+        if !flag.0.swap(false, Ordering::SeqCst) {
+            std::thread::park_timeout(std::time::Duration::from_millis(100));
+            parks += 1;
+            continue;
+        }
+        for (f, out) in futures.iter_mut().zip(outputs.iter_mut()) {
+            if out.is_none() {
+                if let Poll::Ready(v) = f.as_mut().poll(&mut cx) {
+                    *out = Some(v);
+                }
+            }
+        }
+    }
+    (outputs.into_iter().map(Option::unwrap).collect(), parks)
+}
+
+fn scope() -> Scope {
+    Scope::new("tenant", "POST /v1/payments")
+}
+
+fn assert_send<T: Send>(_: &T) {}
+
+#[test]
+fn many_async_claims_on_one_thread_share_fsyncs() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path().join("a.idem")).unwrap();
+    let keys: Vec<String> = (0..64).map(|i| format!("key-{i}")).collect();
+    let scope = scope();
+    let fp = Fingerprint::of(b"req");
+    let claims: Vec<_> = keys
+        .iter()
+        .map(|k| store.claim_async(&scope, k, fp))
+        .collect();
+    assert_send(&claims[0]);
+    let (outcomes, _) = run_all(claims);
+    let tickets: Vec<_> = outcomes
+        .into_iter()
+        .map(|c| match c.unwrap() {
+            Claim::Acquired(t) => t,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    let stats = store.stats();
+    assert_eq!(stats.acquired, 64);
+    assert!(
+        stats.commit_batches < 64,
+        "64 claims polled together on one thread share batches: {stats:?}"
+    );
+    let completes: Vec<_> = tickets
+        .into_iter()
+        .map(|t| {
+            let body = format!("paid {}", t.fence());
+            store.complete_async(t, Response::new(201, body))
+        })
+        .collect();
+    let (done, _) = run_all(completes);
+    assert!(done.iter().all(Result::is_ok));
+    drop(store);
+    // Dropping the store let go of the file at once, flusher thread or not; and every
+    // acknowledged completion is there.
+    let store = Store::open(dir.path().join("a.idem")).unwrap();
+    for k in &keys {
+        assert!(matches!(
+            store.claim(&scope, k, fp).unwrap(),
+            Claim::Replay(r) if r.status() == 201
+        ));
+    }
+}
+
+#[test]
+fn async_and_blocking_callers_mix() {
+    let store = Store::in_memory().unwrap();
+    let scope = scope();
+    let fp = Fingerprint::of(b"req");
+    std::thread::scope(|s| {
+        for t in 0..4 {
+            let (store, scope) = (&store, &scope);
+            s.spawn(move || {
+                for i in 0..25 {
+                    let key = format!("sync-{t}-{i}");
+                    let Claim::Acquired(ticket) = store.claim(scope, &key, fp).unwrap() else {
+                        panic!()
+                    };
+                    store.release(ticket).unwrap();
+                }
+            });
+        }
+        let futures: Vec<_> = (0..100)
+            .map(|i| {
+                let (store, scope) = (&store, &scope);
+                async move {
+                    let key = format!("async-{i}");
+                    let Claim::Acquired(ticket) = store.claim_async(scope, &key, fp).await? else {
+                        panic!()
+                    };
+                    store
+                        .extend_async(&ticket, std::time::Duration::from_secs(90))
+                        .await?;
+                    store.release_async(ticket).await
+                }
+            })
+            .collect();
+        let (results, _) = run_all(futures);
+        assert!(results.iter().all(Result::is_ok), "{results:?}");
+    });
+    let stats = store.stats();
+    assert_eq!(stats.acquired, 200);
+    assert_eq!(stats.releases, 200);
+    assert_eq!(stats.live_records, 0);
+}
+
+#[test]
+fn a_failed_commit_fails_every_async_waiter() {
+    let disk = SimDisk::new();
+    let store = Store::builder().open_simulated(&disk).unwrap();
+    disk.fail_sync_after(0, true);
+    let scope = scope();
+    let fp = Fingerprint::of(b"req");
+    let keys: Vec<String> = (0..8).map(|i| format!("k{i}")).collect();
+    let (results, _) = run_all(
+        keys.iter()
+            .map(|k| store.claim_async(&scope, k, fp))
+            .collect(),
+    );
+    assert!(results.iter().all(Result::is_err), "{results:?}");
+    assert!(matches!(
+        store.claim(&scope, "later", fp),
+        Err(Error::Halted { .. })
+    ));
+}
