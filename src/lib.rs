@@ -41,6 +41,8 @@ mod commit;
 mod disk;
 mod error;
 mod fingerprint;
+#[cfg(feature = "http")]
+pub mod http;
 mod index;
 mod maintenance;
 mod record;

@@ -1,0 +1,1100 @@
+//! Canonical JSON per RFC 8785, the JSON Canonicalization Scheme (JCS).
+//!
+//! The Idempotency-Key layer fingerprints a request body so that a retry carrying the same key
+//! but a *different* request is caught. A client library that re-serializes the same JSON value
+//! on retry may reorder object members or change whitespace, escapes or number spelling; those
+//! must not look like a different request. So a JSON body is fingerprinted in its JCS form,
+//! which is the same bytes for every spelling of the same JSON value.
+//!
+//! [`canonicalize`] parses with `serde_json` and writes the value back per RFC 8785 section 3.2:
+//!
+//! - no whitespace between tokens (3.2.1);
+//! - `true`, `false` and `null` as they are, arrays in their order (3.2.2.1);
+//! - strings (3.2.2.2): `"` and `\` escaped, U+0000..U+001F as `\b`, `\t`, `\n`, `\f`, `\r`
+//!   where those exist and as `\u00xx` (lowercase hex) otherwise, every other character (U+007F
+//!   and all non-ASCII too) written as itself in UTF-8;
+//! - numbers (3.2.2.3): every number is taken as the IEEE-754 double nearest to its decimal text
+//!   and written the way ECMAScript's `Number.prototype.toString` writes that double (shortest
+//!   digits that round-trip, plain notation for exponents -7 < e < 21, `1e+21` style outside);
+//! - object members sorted by name, names compared as arrays of UTF-16 code units (3.2.3).
+//!
+//! Input that I-JSON (RFC 7493, which JCS requires) forbids is rejected rather than guessed at:
+//! duplicate member names (checked here; `serde_json::Value` would silently keep the last),
+//! lone surrogates (`serde_json` rejects them), and numbers that overflow a double, such as
+//! `1e400`. NaN and infinities cannot be written in JSON at all. Input must be UTF-8 without a
+//! byte order mark.
+//!
+//! Nesting is limited to [`MAX_DEPTH`] arrays and objects, so a hostile body cannot exhaust the
+//! stack: parsing, writing and dropping the parsed tree all recurse once per level.
+//! `serde_json` has a limit of its own (it accepts 127 levels and rejects 128); ours is lower so
+//! that it always fires first and reports [`CanonicalError::TooDeep`].
+
+use std::cmp::Ordering;
+use std::fmt;
+
+use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
+
+/// The deepest nesting of arrays and objects accepted: `[[1]]` has depth 2, a scalar depth 0.
+pub(crate) const MAX_DEPTH: usize = 100;
+
+/// Why a body could not be put in canonical form.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum CanonicalError {
+    /// Not JSON (or not UTF-8, or trailing characters after the value). `line` and `column`
+    /// are 1-based as `serde_json` reports them (column 0 for an error at the start of a line).
+    InvalidJson {
+        /// `serde_json`'s description of the error.
+        reason: String,
+        /// Line of the error, 1-based.
+        line: usize,
+        /// Column (byte) of the error within its line.
+        column: usize,
+    },
+    /// An object has two members with this name (after unescaping).
+    DuplicateName {
+        /// The repeated name.
+        name: String,
+    },
+    /// A number too large in magnitude for an IEEE-754 double.
+    NumberOutOfRange {
+        /// Line of the number, 1-based.
+        line: usize,
+        /// Column (byte) of the number's end within its line.
+        column: usize,
+    },
+    /// Arrays and objects nested deeper than [`MAX_DEPTH`].
+    TooDeep,
+}
+
+impl fmt::Display for CanonicalError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::InvalidJson {
+                reason,
+                line,
+                column,
+            } => write!(f, "invalid JSON at line {line} column {column}: {reason}"),
+            Self::DuplicateName { name } => {
+                write!(f, "duplicate object member name {name:?}")
+            }
+            Self::NumberOutOfRange { line, column } => write!(
+                f,
+                "number out of range of an IEEE-754 double at line {line} column {column}"
+            ),
+            Self::TooDeep => write!(f, "arrays and objects nested deeper than {MAX_DEPTH}"),
+        }
+    }
+}
+
+impl std::error::Error for CanonicalError {}
+
+/// Returns the RFC 8785 canonical form of the JSON text `input`.
+///
+/// Two texts that are the same JSON value (same members in any order, any whitespace, any
+/// escaping of the same characters, any spelling of the same double) give the same bytes, and
+/// the output is itself a fixed point: canonicalizing it again returns it unchanged.
+pub(crate) fn canonicalize(input: &[u8]) -> Result<Vec<u8>, CanonicalError> {
+    let node = parse(input)?;
+    let mut out = Vec::with_capacity(input.len());
+    write_node(&mut out, &node);
+    Ok(out)
+}
+
+/// A parsed JSON value, object members already sorted in canonical order.
+#[derive(Debug)]
+enum Node {
+    Null,
+    Bool(bool),
+    /// Always finite.
+    Number(f64),
+    String(String),
+    Array(Vec<Node>),
+    /// Sorted by name in UTF-16 code unit order, names unique.
+    Object(Vec<(String, Node)>),
+}
+
+fn parse(input: &[u8]) -> Result<Node, CanonicalError> {
+    let mut state = ParseState {
+        numbers: NumberTexts { input, pos: 0 },
+        failure: None,
+    };
+    let mut deserializer = serde_json::Deserializer::from_slice(input);
+    let parsed = NodeSeed {
+        state: &mut state,
+        depth: 0,
+    }
+    .deserialize(&mut deserializer)
+    .and_then(|node| deserializer.end().map(|()| node));
+    parsed.map_err(|error| {
+        // A failure the visitor raised itself was recorded with its real kind; serde_json only
+        // carried a message for it.
+        state.failure.take().unwrap_or_else(|| from_serde(&error))
+    })
+}
+
+fn from_serde(error: &serde_json::Error) -> CanonicalError {
+    let (line, column) = (error.line(), error.column());
+    let message = error.to_string();
+    // serde_json exposes no error code, only this message; a unit test pins it.
+    if message.starts_with("number out of range") {
+        return CanonicalError::NumberOutOfRange { line, column };
+    }
+    // Display appends " at line L column C", which the variant carries separately.
+    let reason = match message.rfind(" at line ") {
+        Some(at) => message[..at].to_owned(),
+        None => message,
+    };
+    CanonicalError::InvalidJson {
+        reason,
+        line,
+        column,
+    }
+}
+
+struct ParseState<'a> {
+    numbers: NumberTexts<'a>,
+    failure: Option<CanonicalError>,
+}
+
+impl ParseState<'_> {
+    /// Records why parsing stops, and returns the error that makes serde_json stop.
+    fn fail<E: de::Error>(&mut self, failure: CanonicalError) -> E {
+        let error = E::custom(&failure);
+        self.failure = Some(failure);
+        error
+    }
+
+    /// The double a number token denotes, `approximate` being serde_json's value for it.
+    ///
+    /// serde_json (without its `float_roundtrip` feature) may be one ulp off the nearest
+    /// double, which would make two spellings of one number canonicalize differently, so the
+    /// token's own text is parsed again with the standard library's correctly rounded parser.
+    fn number<E: de::Error>(&mut self, approximate: f64) -> Result<f64, E> {
+        let exact = self
+            .numbers
+            .next()
+            .and_then(|text| text.parse::<f64>().ok())
+            .unwrap_or(approximate);
+        if exact.is_finite() {
+            Ok(exact)
+        } else {
+            // serde_json rejects these before the visitor sees them, with the position.
+            Err(self.fail(CanonicalError::NumberOutOfRange { line: 0, column: 0 }))
+        }
+    }
+}
+
+/// The text of each number token in a JSON document, in document order.
+///
+/// serde_json hands the visitor one number per token, in document order, and only after it has
+/// checked the document up to and including that token; so the scan below only ever walks
+/// valid JSON, where a number token is the only thing outside a string that starts with `-` or
+/// a digit, and the n-th token it finds is the n-th number visited.
+struct NumberTexts<'a> {
+    input: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Iterator for NumberTexts<'a> {
+    type Item = &'a str;
+
+    fn next(&mut self) -> Option<&'a str> {
+        let input = self.input;
+        while let Some(&byte) = input.get(self.pos) {
+            match byte {
+                b'"' => {
+                    self.pos += 1;
+                    while let Some(&byte) = input.get(self.pos) {
+                        self.pos += if byte == b'\\' { 2 } else { 1 };
+                        if byte == b'"' {
+                            break;
+                        }
+                    }
+                }
+                b'-' | b'0'..=b'9' => {
+                    let start = self.pos;
+                    while input
+                        .get(self.pos)
+                        .is_some_and(|b| matches!(b, b'0'..=b'9' | b'-' | b'+' | b'.' | b'e' | b'E'))
+                    {
+                        self.pos += 1;
+                    }
+                    return std::str::from_utf8(&input[start..self.pos]).ok();
+                }
+                _ => self.pos += 1,
+            }
+        }
+        None
+    }
+}
+
+struct NodeSeed<'s, 'a> {
+    state: &'s mut ParseState<'a>,
+    /// Arrays and objects enclosing the value being parsed.
+    depth: usize,
+}
+
+impl NodeSeed<'_, '_> {
+    fn enter<E: de::Error>(&mut self) -> Result<usize, E> {
+        let depth = self.depth + 1;
+        if depth > MAX_DEPTH {
+            return Err(self.state.fail(CanonicalError::TooDeep));
+        }
+        Ok(depth)
+    }
+}
+
+impl<'de> DeserializeSeed<'de> for NodeSeed<'_, '_> {
+    type Value = Node;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Node, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for NodeSeed<'_, '_> {
+    type Value = Node;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<Node, E> {
+        Ok(Node::Null)
+    }
+
+    fn visit_bool<E: de::Error>(self, value: bool) -> Result<Node, E> {
+        Ok(Node::Bool(value))
+    }
+
+    // RFC 8785 treats every number as a double, integers included: 9007199254740993 is
+    // 9007199254740992. The approximations below only matter if the token text went missing.
+    #[allow(clippy::cast_precision_loss, reason = "JCS numbers are doubles")]
+    fn visit_u64<E: de::Error>(self, value: u64) -> Result<Node, E> {
+        self.state.number(value as f64).map(Node::Number)
+    }
+
+    #[allow(clippy::cast_precision_loss, reason = "JCS numbers are doubles")]
+    fn visit_i64<E: de::Error>(self, value: i64) -> Result<Node, E> {
+        self.state.number(value as f64).map(Node::Number)
+    }
+
+    fn visit_f64<E: de::Error>(self, value: f64) -> Result<Node, E> {
+        self.state.number(value).map(Node::Number)
+    }
+
+    fn visit_str<E: de::Error>(self, value: &str) -> Result<Node, E> {
+        Ok(Node::String(value.to_owned()))
+    }
+
+    fn visit_string<E: de::Error>(self, value: String) -> Result<Node, E> {
+        Ok(Node::String(value))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(mut self, mut seq: A) -> Result<Node, A::Error> {
+        let depth = self.enter()?;
+        let mut elements = Vec::new();
+        while let Some(element) = seq.next_element_seed(NodeSeed {
+            state: &mut *self.state,
+            depth,
+        })? {
+            elements.push(element);
+        }
+        Ok(Node::Array(elements))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(mut self, mut map: A) -> Result<Node, A::Error> {
+        let depth = self.enter()?;
+        let mut members = Vec::new();
+        while let Some(name) = map.next_key::<String>()? {
+            let value = map.next_value_seed(NodeSeed {
+                state: &mut *self.state,
+                depth,
+            })?;
+            members.push((name, value));
+        }
+        members.sort_by(|a, b| cmp_utf16(&a.0, &b.0));
+        // Equal names are adjacent once sorted.
+        if let Some(pair) = members.windows(2).find(|pair| pair[0].0 == pair[1].0) {
+            let name = pair[0].0.clone();
+            return Err(self.state.fail(CanonicalError::DuplicateName { name }));
+        }
+        Ok(Node::Object(members))
+    }
+}
+
+/// RFC 8785 3.2.3: names compare as arrays of UTF-16 code units. This differs from comparing
+/// UTF-8 bytes (or chars) only when a character above U+FFFF (a surrogate pair, 0xD800..0xDFFF)
+/// meets one in U+E000..U+FFFF.
+fn cmp_utf16(a: &str, b: &str) -> Ordering {
+    a.encode_utf16().cmp(b.encode_utf16())
+}
+
+fn write_node(out: &mut Vec<u8>, node: &Node) {
+    match node {
+        Node::Null => out.extend_from_slice(b"null"),
+        Node::Bool(true) => out.extend_from_slice(b"true"),
+        Node::Bool(false) => out.extend_from_slice(b"false"),
+        Node::Number(value) => write_number(out, *value),
+        Node::String(value) => write_string(out, value),
+        Node::Array(elements) => {
+            out.push(b'[');
+            for (i, element) in elements.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                write_node(out, element);
+            }
+            out.push(b']');
+        }
+        Node::Object(members) => {
+            out.push(b'{');
+            for (i, (name, value)) in members.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                write_string(out, name);
+                out.push(b':');
+                write_node(out, value);
+            }
+            out.push(b'}');
+        }
+    }
+}
+
+/// RFC 8785 3.2.2.2.
+fn write_string(out: &mut Vec<u8>, value: &str) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    out.push(b'"');
+    let bytes = value.as_bytes();
+    // Every byte of a multi-byte UTF-8 sequence is >= 0x80, so escaping byte by byte can only
+    // touch ASCII characters; the rest is copied in runs.
+    let mut run_start = 0;
+    for (i, &byte) in bytes.iter().enumerate() {
+        let short = match byte {
+            b'"' => b'"',
+            b'\\' => b'\\',
+            0x08 => b'b',
+            b'\t' => b't',
+            b'\n' => b'n',
+            0x0c => b'f',
+            b'\r' => b'r',
+            0x00..=0x1f => 0,
+            _ => continue,
+        };
+        out.extend_from_slice(&bytes[run_start..i]);
+        run_start = i + 1;
+        if short == 0 {
+            out.extend_from_slice(b"\\u00");
+            out.push(HEX[usize::from(byte >> 4)]);
+            out.push(HEX[usize::from(byte & 0xf)]);
+        } else {
+            out.push(b'\\');
+            out.push(short);
+        }
+    }
+    out.extend_from_slice(&bytes[run_start..]);
+    out.push(b'"');
+}
+
+/// RFC 8785 3.2.2.3: ECMAScript's `Number.prototype.toString` (ECMA-262 Number::toString) for
+/// a finite double.
+fn write_number(out: &mut Vec<u8>, value: f64) {
+    // Both zeros are "0".
+    if value == 0.0 {
+        out.push(b'0');
+        return;
+    }
+    if value < 0.0 {
+        out.push(b'-');
+    }
+    // Rust writes the shortest digit string that reads back as the same double, choosing the
+    // one closest to the exact value when several are that short: the digits ECMAScript asks
+    // for. Only their layout differs, e.g. "1.2345e-7".
+    let scientific = format!("{:e}", value.abs());
+    let (mantissa, exponent) = scientific
+        .split_once('e')
+        .expect("`{:e}` always writes an exponent");
+    let exponent: i32 = exponent.parse().expect("`{:e}` writes a decimal exponent");
+    let digits: Vec<u8> = mantissa.bytes().filter(u8::is_ascii_digit).collect();
+    // ECMAScript's k (digit count, 1..=17) and n (the decimal point's place: value = 0.digits
+    // × 10^n).
+    let k = i32::try_from(digits.len()).expect("at most 17 digits");
+    let n = exponent + 1;
+    let zeros = |out: &mut Vec<u8>, count: i32| {
+        out.extend(std::iter::repeat_n(b'0', count.unsigned_abs() as usize));
+    };
+    if k <= n && n <= 21 {
+        out.extend_from_slice(&digits);
+        zeros(out, n - k);
+    } else if 0 < n && n <= 21 {
+        let (int, frac) = digits.split_at(n.unsigned_abs() as usize);
+        out.extend_from_slice(int);
+        out.push(b'.');
+        out.extend_from_slice(frac);
+    } else if -6 < n && n <= 0 {
+        out.extend_from_slice(b"0.");
+        zeros(out, n);
+        out.extend_from_slice(&digits);
+    } else {
+        out.push(digits[0]);
+        if k > 1 {
+            out.push(b'.');
+            out.extend_from_slice(&digits[1..]);
+        }
+        // n is neither 1 (plain notation above) nor 0, so the exponent is never 0.
+        let exponent = n - 1;
+        out.extend_from_slice(if exponent > 0 { b"e+" } else { b"e-" });
+        out.extend_from_slice(exponent.unsigned_abs().to_string().as_bytes());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use proptest::prelude::*;
+    use serde_json::Value;
+
+    fn canon(input: &str) -> String {
+        let out = canonicalize(input.as_bytes())
+            .unwrap_or_else(|e| panic!("canonicalize({input:?}) failed: {e}"));
+        String::from_utf8(out).expect("canonical JSON is UTF-8")
+    }
+
+    fn number(value: f64) -> String {
+        let mut out = Vec::new();
+        write_number(&mut out, value);
+        String::from_utf8(out).unwrap()
+    }
+
+    fn error(input: &str) -> CanonicalError {
+        match canonicalize(input.as_bytes()) {
+            Ok(out) => panic!(
+                "{input:?} canonicalized to {:?}",
+                String::from_utf8_lossy(&out)
+            ),
+            Err(e) => e,
+        }
+    }
+
+    /// The example of RFC 8785 section 3.2.2.
+    #[test]
+    fn rfc_8785_main_example() {
+        let input = r#"{
+  "numbers": [333333333.33333329, 1E30, 4.50,
+              2e-3, 0.000000000000000000000000001],
+  "string": "\u20ac$\u000F\u000aA'\u0042\u0022\u005c\\\"\/",
+  "literals": [null, true, false]
+}"#;
+        let expected = concat!(
+            r#"{"literals":[null,true,false],"#,
+            r#""numbers":[333333333.3333333,1e+30,4.5,0.002,1e-27],"#,
+            "\"string\":\"\u{20ac}$\\u000f\\nA'B\\\"\\\\\\\\\\\"/\"}",
+        );
+        assert_eq!(canon(input), expected);
+    }
+
+    /// The sorting example of RFC 8785 section 3.2.3.
+    #[test]
+    fn rfc_8785_sorting_example() {
+        let input = r#"{
+  "\u20ac": "Euro Sign",
+  "\r": "Carriage Return",
+  "\ufb33": "Hebrew Letter Dalet With Dagesh",
+  "1": "One",
+  "\ud83d\ude00": "Emoji: Grinning Face",
+  "\u0080": "Control",
+  "\u00f6": "Latin Small Letter O With Diaeresis"
+}"#;
+        let expected = concat!(
+            "{\"\\r\":\"Carriage Return\",",
+            "\"1\":\"One\",",
+            "\"\u{80}\":\"Control\",",
+            "\"\u{f6}\":\"Latin Small Letter O With Diaeresis\",",
+            "\"\u{20ac}\":\"Euro Sign\",",
+            "\"\u{1f600}\":\"Emoji: Grinning Face\",",
+            "\"\u{fb33}\":\"Hebrew Letter Dalet With Dagesh\"}",
+        );
+        assert_eq!(canon(input), expected);
+    }
+
+    #[test]
+    fn names_sort_by_utf16_code_units_not_utf8_bytes() {
+        // By UTF-8 bytes (or by char) U+1F600 sorts after U+FB33 and U+FFFF; by UTF-16 code
+        // units its lead surrogate 0xD83D sorts before both, though still after U+D7FF.
+        assert_eq!(cmp_utf16("\u{1f600}", "\u{fb33}"), Ordering::Less);
+        assert_eq!(cmp_utf16("\u{1f600}", "\u{ffff}"), Ordering::Less);
+        assert_eq!(cmp_utf16("\u{1f600}", "\u{e000}"), Ordering::Less);
+        assert_eq!(cmp_utf16("\u{1f600}", "\u{d7ff}"), Ordering::Greater);
+        assert_eq!(cmp_utf16("\u{e9}", "\u{1f600}"), Ordering::Less);
+        assert_eq!(cmp_utf16("a", "ab"), Ordering::Less);
+        assert_eq!(cmp_utf16("", "a"), Ordering::Less);
+        assert_eq!(
+            canon("{\"\u{ffff}\":1,\"\u{1f600}\":2,\"\u{e9}\":3,\"\u{d7ff}\":4}"),
+            "{\"\u{e9}\":3,\"\u{d7ff}\":4,\"\u{1f600}\":2,\"\u{ffff}\":1}"
+        );
+    }
+
+    #[test]
+    fn number_serialization() {
+        let cases = [
+            ("1e2", "100"),
+            ("-0", "0"),
+            ("-0.0e5", "0"),
+            ("0", "0"),
+            ("1e21", "1e+21"),
+            ("1e20", "100000000000000000000"),
+            ("1e-7", "1e-7"),
+            ("0.000001", "0.000001"),
+            ("0.0000012345", "0.0000012345"),
+            ("123456789012345680000", "123456789012345680000"),
+            ("123456789012345678901", "123456789012345680000"),
+            ("4.5", "4.5"),
+            ("4.50", "4.5"),
+            ("2e-3", "0.002"),
+            ("333333333.33333329", "333333333.3333333"),
+            ("1E30", "1e+30"),
+            ("1e-27", "1e-27"),
+            ("0.000000000000000000000000001", "1e-27"),
+            ("9007199254740992", "9007199254740992"),
+            ("9007199254740993", "9007199254740992"),
+            ("9007199254740995", "9007199254740996"),
+            ("-9007199254740993", "-9007199254740992"),
+            ("18446744073709551615", "18446744073709552000"),
+            ("-9223372036854775808", "-9223372036854776000"),
+            ("-1.5e+300", "-1.5e+300"),
+            ("5e-324", "5e-324"),
+            ("2e-324", "0"),
+            ("3e-324", "5e-324"),
+            ("1e-400", "0"),
+            ("1.7976931348623157e308", "1.7976931348623157e+308"),
+            ("-1.7976931348623157e308", "-1.7976931348623157e+308"),
+            // Just under the halfway point between the largest double and 2^1024.
+            ("1.7976931348623158e308", "1.7976931348623157e+308"),
+            ("1.5", "1.5"),
+            ("-1.5", "-1.5"),
+            ("12.34e1", "123.4"),
+            ("0.1", "0.1"),
+            ("0.30000000000000004", "0.30000000000000004"),
+            ("100.0", "100"),
+            ("1.0e0", "1"),
+            ("123e-2", "1.23"),
+            ("1e-6", "0.000001"),
+            ("1.5e-7", "1.5e-7"),
+            ("12345678901234567890e-30", "1.2345678901234568e-11"),
+        ];
+        for (input, expected) in cases {
+            assert_eq!(canon(input), expected, "input {input}");
+            assert_eq!(canon(&format!("[{input}]")), format!("[{expected}]"));
+        }
+    }
+
+    /// RFC 8785 Appendix B: doubles given by their bits and their canonical text.
+    #[test]
+    fn rfc_8785_appendix_b_numbers() {
+        let cases: [(u64, &str); 25] = [
+            (0x0000000000000000, "0"),
+            (0x8000000000000000, "0"),
+            (0x0000000000000001, "5e-324"),
+            (0x8000000000000001, "-5e-324"),
+            (0x7fefffffffffffff, "1.7976931348623157e+308"),
+            (0xffefffffffffffff, "-1.7976931348623157e+308"),
+            (0x4340000000000000, "9007199254740992"),
+            (0xc340000000000000, "-9007199254740992"),
+            (0x4430000000000000, "295147905179352830000"),
+            (0x44b52d02c7e14af5, "9.999999999999997e+22"),
+            (0x44b52d02c7e14af6, "1e+23"),
+            (0x44b52d02c7e14af7, "1.0000000000000001e+23"),
+            (0x444b1ae4d6e2ef4e, "999999999999999700000"),
+            (0x444b1ae4d6e2ef4f, "999999999999999900000"),
+            (0x444b1ae4d6e2ef50, "1e+21"),
+            (0x3eb0c6f7a0b5ed8c, "9.999999999999997e-7"),
+            (0x3eb0c6f7a0b5ed8d, "0.000001"),
+            (0x41b3de4355555553, "333333333.3333332"),
+            (0x41b3de4355555554, "333333333.33333325"),
+            (0x41b3de4355555555, "333333333.3333333"),
+            (0x41b3de4355555556, "333333333.3333334"),
+            (0x41b3de4355555557, "333333333.33333343"),
+            (0xbecbf647612f3696, "-0.0000033333333333333333"),
+            (0x43143ff3c1cb0959, "1424953923781206.2"),
+            (0x3ff0000000000000, "1"),
+        ];
+        for (bits, expected) in cases {
+            let value = f64::from_bits(bits);
+            assert_eq!(number(value), expected, "bits {bits:016x}");
+            // And the text reads back as the same double (zero's sign aside).
+            assert_eq!(canon(expected), expected);
+            assert_eq!(expected.parse::<f64>().unwrap(), value, "bits {bits:016x}");
+        }
+    }
+
+    #[test]
+    fn numbers_take_the_nearest_double_not_serde_json_s_approximation() {
+        // serde_json's default float parser returns 1.0715660391465825e-75 for this text; the
+        // nearest double is the one the text was printed from.
+        assert_eq!(canon("1.0715660391465826e-75"), "1.0715660391465826e-75");
+        assert_eq!(canon("-1.81996730402717e-179"), "-1.81996730402717e-179");
+        assert_eq!(canon("-1.603964615428183e143"), "-1.603964615428183e+143");
+        // Different spellings of one double are one canonical number.
+        assert_eq!(
+            canon("[0.1, 1e-1, 0.10000000000000000555, 100e-3, 0.1000000000000000055511151231257827021181583404541015625]"),
+            "[0.1,0.1,0.1,0.1,0.1]"
+        );
+    }
+
+    #[test]
+    fn string_escapes() {
+        assert_eq!(canon(r#""\"\\\/""#), r#""\"\\/""#);
+        assert_eq!(
+            canon(r#""\u0000\u0001\u0007\b\t\n\u000b\f\r\u000e\u001f\u0020""#),
+            r#""\u0000\u0001\u0007\b\t\n\u000b\f\r\u000e\u001f ""#
+        );
+        // U+007F, U+0080 and everything above are written as themselves, however escaped.
+        assert_eq!(
+            canon(r#""\u007f\u0080\u00e9\u20AC\uD83D\uDE00\uFFFF""#),
+            "\"\u{7f}\u{80}\u{e9}\u{20ac}\u{1f600}\u{ffff}\""
+        );
+        assert_eq!(canon("\"\u{7f}\u{e9}\u{1f600}\""), "\"\u{7f}\u{e9}\u{1f600}\"");
+        assert_eq!(canon(r#""\u0041\u00e9""#), "\"A\u{e9}\"");
+        // Names are escaped the same way.
+        assert_eq!(
+            canon(r#"{"\t\u001F\"":"\u0008"}"#),
+            r#"{"\t\u001f\"":"\b"}"#
+        );
+        let mut out = Vec::new();
+        write_string(&mut out, "a\u{1}b\u{1f}c\"d\\e\u{7f}");
+        assert_eq!(out, b"\"a\\u0001b\\u001fc\\\"d\\\\e\x7f\"");
+    }
+
+    #[test]
+    fn lone_surrogates_are_rejected() {
+        for input in [
+            r#""\ud800""#,
+            r#""\ud800x""#,
+            r#""\udc00""#,
+            r#""\ude00\ud83d""#,
+            r#"{"\ud83d":1}"#,
+        ] {
+            assert!(
+                matches!(error(input), CanonicalError::InvalidJson { .. }),
+                "{input}"
+            );
+        }
+    }
+
+    #[test]
+    fn literals_arrays_and_nesting() {
+        assert_eq!(canon(" true "), "true");
+        assert_eq!(canon("false"), "false");
+        assert_eq!(canon("null"), "null");
+        assert_eq!(canon("\"\""), "\"\"");
+        assert_eq!(canon("[]"), "[]");
+        assert_eq!(canon("{}"), "{}");
+        assert_eq!(canon("[ [ ] , { } ]"), "[[],{}]");
+        assert_eq!(
+            canon(r#"[3, 1, 2, {"z": [{"b": null, "a": [true, false]}], "y": {}}, "x"]"#),
+            r#"[3,1,2,{"y":{},"z":[{"a":[true,false],"b":null}]},"x"]"#
+        );
+        assert_eq!(
+            canon("\t{\r\n\"b\"\n:\t1 ,\"a\": {\"d\":4,\"c\":[3.0,\"3\"]}}\n"),
+            r#"{"a":{"c":[3,"3"],"d":4},"b":1}"#
+        );
+    }
+
+    #[test]
+    fn reordering_and_whitespace_do_not_change_the_canonical_form() {
+        let a = canon(r#"{"b":1, "a":[1, 2]}"#);
+        let b = canon(r#"{ "a" : [1,2], "b" : 1 }"#);
+        assert_eq!(a, b);
+        assert_eq!(a, r#"{"a":[1,2],"b":1}"#);
+        // Array order is significant.
+        assert_ne!(canon("[1,2]"), canon("[2,1]"));
+    }
+
+    #[test]
+    fn duplicate_names_are_rejected() {
+        for (input, name) in [
+            (r#"{"a":1,"a":2}"#, "a"),
+            (r#"{"a":1,"b":2,"a":1}"#, "a"),
+            (r#"{"a":1,"\u0061":2}"#, "a"),
+            (r#"[{"x":{"k":1,"k":1}}]"#, "k"),
+            (r#"{"\ud83d\ude00":1,"😀":2}"#, "😀"),
+        ] {
+            assert_eq!(
+                error(input),
+                CanonicalError::DuplicateName {
+                    name: name.to_owned()
+                },
+                "{input}"
+            );
+        }
+        // Names differing only in case, or as escaped text, are distinct.
+        assert_eq!(canon(r#"{"a":1,"A":2}"#), r#"{"A":2,"a":1}"#);
+        assert_eq!(canon(r#"{"\\u0061":1,"a":2}"#), r#"{"\\u0061":1,"a":2}"#);
+    }
+
+    #[test]
+    fn invalid_json_is_rejected() {
+        for input in [
+            "",
+            " ",
+            "{",
+            "[1,]",
+            "{\"a\":1,}",
+            "{'a':1}",
+            "{\"a\" 1}",
+            "[1 2]",
+            "1 2",
+            "01",
+            "1.",
+            ".5",
+            "+1",
+            "0x10",
+            "NaN",
+            "Infinity",
+            "-Infinity",
+            "[1e]",
+            "nul",
+            "True",
+            "\"a",
+            "\"\\x\"",
+            "\"tab\there\"",
+            "\u{feff}{}",
+            "/* comment */ 1",
+            "{} x",
+        ] {
+            assert!(
+                matches!(error(input), CanonicalError::InvalidJson { .. }),
+                "{input:?}"
+            );
+        }
+        // Not UTF-8.
+        for input in [&b"\"\xff\""[..], b"\"\xc3\"", b"\"\xed\xa0\x80\"", b"[\xe9]"] {
+            assert!(matches!(
+                canonicalize(input),
+                Err(CanonicalError::InvalidJson { .. })
+            ));
+        }
+        assert_eq!(
+            error("[1,\n  nope]"),
+            CanonicalError::InvalidJson {
+                reason: "expected ident".to_owned(),
+                line: 2,
+                column: 4,
+            }
+        );
+    }
+
+    #[test]
+    fn numbers_beyond_a_double_are_rejected() {
+        for input in [
+            "1e400",
+            "-1e400",
+            "[0, 1.8e308]",
+            "{\"a\": -1.7976931348623159e308}",
+            &format!("1{}", "0".repeat(400)),
+        ] {
+            assert!(
+                matches!(error(input), CanonicalError::NumberOutOfRange { .. }),
+                "{input}"
+            );
+        }
+        assert_eq!(
+            error("[1,\n 1e400]"),
+            CanonicalError::NumberOutOfRange { line: 2, column: 6 }
+        );
+    }
+
+    #[test]
+    fn nesting_is_limited() {
+        let nested = |depth: usize, open: &str, close: &str| {
+            format!("{}1{}", open.repeat(depth), close.repeat(depth))
+        };
+        assert!(canonicalize(nested(MAX_DEPTH, "[", "]").as_bytes()).is_ok());
+        assert!(canonicalize(nested(MAX_DEPTH, "{\"a\":", "}").as_bytes()).is_ok());
+        for depth in [MAX_DEPTH + 1, 127, 128, 100_000] {
+            assert_eq!(error(&nested(depth, "[", "]")), CanonicalError::TooDeep);
+            assert_eq!(
+                error(&nested(depth, "{\"a\":", "}")),
+                CanonicalError::TooDeep
+            );
+        }
+        // Mixed, and only the depth counts, not the total number of containers.
+        let mixed = "[{\"a\":".repeat(MAX_DEPTH / 2) + &"}]".repeat(MAX_DEPTH / 2);
+        assert!(canonicalize(mixed.as_bytes()).is_ok());
+        let wide = format!("[{}]", vec!["[[]]"; 10_000].join(","));
+        assert!(canonicalize(wide.as_bytes()).is_ok());
+        // Unclosed: the limit fires before the end of input is noticed.
+        assert_eq!(error(&"[".repeat(MAX_DEPTH + 1)), CanonicalError::TooDeep);
+    }
+
+    #[test]
+    fn errors_display_their_reason() {
+        assert_eq!(
+            error("{\"a\":1,\"a\":2}").to_string(),
+            "duplicate object member name \"a\""
+        );
+        assert_eq!(
+            error("[1e400]").to_string(),
+            "number out of range of an IEEE-754 double at line 1 column 6"
+        );
+        assert_eq!(
+            error("[1,]").to_string(),
+            "invalid JSON at line 1 column 4: trailing comma"
+        );
+        assert_eq!(
+            CanonicalError::TooDeep.to_string(),
+            format!("arrays and objects nested deeper than {MAX_DEPTH}")
+        );
+        let boxed: Box<dyn std::error::Error> = Box::new(CanonicalError::TooDeep);
+        assert!(boxed.source().is_none());
+    }
+
+    #[test]
+    fn number_texts_skip_strings_and_literals() {
+        let input = br#"{"a1":-1.5e+3,"b\"2\\":[true,0,"-3",null,false,7E-1]}"#;
+        let texts: Vec<&str> = NumberTexts { input, pos: 0 }.collect();
+        assert_eq!(texts, ["-1.5e+3", "0", "7E-1"]);
+    }
+
+    // --- Property tests -------------------------------------------------------------------
+
+    fn arb_name() -> impl Strategy<Value = String> {
+        // Arbitrary names, and names built from characters whose UTF-16 and UTF-8 orders
+        // disagree, so that sorting is exercised where it matters.
+        prop_oneof![
+            any::<String>(),
+            proptest::collection::vec(
+                proptest::sample::select(vec!['a', 'B', '\u{e9}', '\u{fb33}', '\u{ffff}', '\u{1f600}', '\u{10ffff}', '\u{7f}', '\n']),
+                0..4
+            )
+            .prop_map(|chars| chars.into_iter().collect()),
+        ]
+    }
+
+    fn arb_number() -> impl Strategy<Value = Value> {
+        prop_oneof![
+            any::<f64>()
+                .prop_filter("finite", |x| x.is_finite())
+                .prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            any::<u64>().prop_map(Value::from),
+            (-1000i32..1000).prop_map(|x| Value::from(f64::from(x) / 8.0)),
+        ]
+    }
+
+    fn arb_value() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            arb_number(),
+            any::<String>().prop_map(Value::String),
+        ];
+        leaf.prop_recursive(8, 96, 8, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..8).prop_map(Value::Array),
+                proptest::collection::vec((arb_name(), inner), 0..8)
+                    .prop_map(|members| Value::Object(members.into_iter().collect())),
+            ]
+        })
+    }
+
+    fn as_f64(value: &Value) -> f64 {
+        value.as_f64().expect("serde_json numbers convert to f64")
+    }
+
+    /// `parsed` (from canonical output) is `original` exactly, numbers as doubles.
+    fn same_as_node(node: &Node, original: &Value) -> bool {
+        match (node, original) {
+            (Node::Null, Value::Null) => true,
+            (Node::Bool(a), Value::Bool(b)) => a == b,
+            // -0 == 0: JCS writes both as "0".
+            (Node::Number(a), Value::Number(_)) => *a == as_f64(original),
+            (Node::String(a), Value::String(b)) => a == b,
+            (Node::Array(a), Value::Array(b)) => {
+                a.len() == b.len() && a.iter().zip(b).all(|(a, b)| same_as_node(a, b))
+            }
+            (Node::Object(a), Value::Object(b)) => {
+                a.len() == b.len()
+                    && a.iter()
+                        .all(|(name, a)| b.get(name).is_some_and(|b| same_as_node(a, b)))
+                    && a.windows(2)
+                        .all(|w| cmp_utf16(&w[0].0, &w[1].0) == Ordering::Less)
+            }
+            _ => false,
+        }
+    }
+
+    /// `reparsed` is `original`, numbers compared as doubles. serde_json's default float
+    /// parser may land one ulp off the nearest double (see
+    /// `numbers_take_the_nearest_double_not_serde_json_s_approximation`), so that much is
+    /// allowed here; `same_as_node` checks numbers exactly.
+    fn same_value(reparsed: &Value, original: &Value) -> bool {
+        match (reparsed, original) {
+            (Value::Number(_), Value::Number(_)) => {
+                let (a, b) = (as_f64(reparsed), as_f64(original));
+                a == b || a.to_bits().abs_diff(b.to_bits()) <= 1
+            }
+            (Value::Array(a), Value::Array(b)) => {
+                a.len() == b.len() && a.iter().zip(b).all(|(a, b)| same_value(a, b))
+            }
+            (Value::Object(a), Value::Object(b)) => {
+                a.len() == b.len()
+                    && a.iter()
+                        .all(|(name, a)| b.get(name).is_some_and(|b| same_value(a, b)))
+            }
+            _ => reparsed == original,
+        }
+    }
+
+    /// Writes `value` as valid JSON that is not canonical: members in a shuffled order, random
+    /// whitespace, characters escaped at random, numbers in other spellings of the same double.
+    struct Scrambler {
+        state: u64,
+        out: String,
+    }
+
+    impl Scrambler {
+        fn next(&mut self) -> u64 {
+            // xorshift64*; the seed is made non-zero by the caller.
+            self.state ^= self.state >> 12;
+            self.state ^= self.state << 25;
+            self.state ^= self.state >> 27;
+            self.state.wrapping_mul(0x2545_f491_4f6c_dd1d)
+        }
+
+        fn below(&mut self, n: u64) -> u64 {
+            self.next() % n
+        }
+
+        fn space(&mut self) {
+            for _ in 0..self.below(4).saturating_sub(1) {
+                let ws = [' ', '\t', '\n', '\r'];
+                let i = self.below(4) as usize;
+                self.out.push(ws[i]);
+            }
+        }
+
+        fn string(&mut self, s: &str) {
+            use std::fmt::Write;
+            self.out.push('"');
+            for c in s.chars() {
+                match (c, self.below(3)) {
+                    ('"', _) => self.out.push_str("\\\""),
+                    ('\\', _) => self.out.push_str("\\\\"),
+                    ('/', 0) => self.out.push_str("\\/"),
+                    ('\n', 0) => self.out.push_str("\\n"),
+                    (c, 1) | (c @ '\0'..='\x1f', _) => {
+                        let mut units = [0u16; 2];
+                        for unit in c.encode_utf16(&mut units) {
+                            if self.below(2) == 0 {
+                                write!(self.out, "\\u{unit:04x}").unwrap();
+                            } else {
+                                write!(self.out, "\\u{unit:04X}").unwrap();
+                            }
+                        }
+                    }
+                    (c, _) => self.out.push(c),
+                }
+            }
+            self.out.push('"');
+        }
+
+        fn number(&mut self, value: &Value) {
+            use std::fmt::Write;
+            let x = as_f64(value);
+            if value.is_f64() || self.below(2) == 0 {
+                match self.below(5) {
+                    // Exact decimal expansion: hundreds of digits for extreme exponents.
+                    0 => write!(self.out, "{x}").unwrap(),
+                    1 => write!(self.out, "{x:e}").unwrap(),
+                    2 => write!(self.out, "{x:E}").unwrap(),
+                    // 17 significant digits always identify a double.
+                    3 => write!(self.out, "{x:.16e}").unwrap(),
+                    _ => write!(self.out, "{x:.30e}").unwrap(),
+                }
+            } else {
+                // An integer's own digits denote the nearest double, like the value does.
+                write!(self.out, "{value}").unwrap();
+            }
+        }
+
+        fn value(&mut self, value: &Value) {
+            self.space();
+            match value {
+                Value::Number(_) => self.number(value),
+                Value::String(s) => self.string(s),
+                Value::Array(elements) => {
+                    self.out.push('[');
+                    for (i, element) in elements.iter().enumerate() {
+                        if i > 0 {
+                            self.out.push(',');
+                        }
+                        self.value(element);
+                    }
+                    self.space();
+                    self.out.push(']');
+                }
+                Value::Object(members) => {
+                    let mut members: Vec<_> = members.iter().collect();
+                    // Fisher-Yates.
+                    for i in (1..members.len()).rev() {
+                        let j = self.below(i as u64 + 1) as usize;
+                        members.swap(i, j);
+                    }
+                    self.out.push('{');
+                    for (i, (name, value)) in members.into_iter().enumerate() {
+                        if i > 0 {
+                            self.out.push(',');
+                        }
+                        self.space();
+                        self.string(name);
+                        self.space();
+                        self.out.push(':');
+                        self.value(value);
+                    }
+                    self.space();
+                    self.out.push('}');
+                }
+                other => self.out.push_str(&other.to_string()),
+            }
+            self.space();
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        #[test]
+        fn canonical_form_is_a_fixed_point_and_keeps_the_value(value in arb_value()) {
+            let text = serde_json::to_vec(&value).unwrap();
+            let canonical = canonicalize(&text).unwrap();
+            prop_assert_eq!(&canonicalize(&canonical).unwrap(), &canonical);
+            let node = parse(&canonical).unwrap();
+            prop_assert!(same_as_node(&node, &value), "{}", String::from_utf8_lossy(&canonical));
+            let reparsed: Value = serde_json::from_slice(&canonical).unwrap();
+            prop_assert!(same_value(&reparsed, &value), "{}", String::from_utf8_lossy(&canonical));
+            // No insignificant whitespace survives: outside strings there is none at all.
+            let pretty = serde_json::to_vec_pretty(&value).unwrap();
+            prop_assert_eq!(canonicalize(&pretty).unwrap(), canonical);
+        }
+
+        #[test]
+        fn every_spelling_of_a_value_has_one_canonical_form(value in arb_value(), seed in any::<u64>()) {
+            let canonical = canonicalize(&serde_json::to_vec(&value).unwrap()).unwrap();
+            let mut scrambler = Scrambler { state: seed | 1, out: String::new() };
+            scrambler.value(&value);
+            let scrambled = canonicalize(scrambler.out.as_bytes());
+            prop_assert_eq!(scrambled, Ok(canonical), "{}", scrambler.out);
+        }
+
+        #[test]
+        fn numbers_read_back_as_the_same_double(x in any::<f64>().prop_filter("finite", |x| x.is_finite())) {
+            let text = number(x);
+            prop_assert_eq!(text.parse::<f64>().unwrap(), x);
+            prop_assert_eq!(canon(&text), text.clone());
+            prop_assert_eq!(canon(&format!("{x:e}")), text);
+        }
+    }
+}

@@ -1,0 +1,21 @@
+//! HTTP: a tower layer that implements the `Idempotency-Key` header field end to end
+//! (draft-ietf-httpapi-idempotency-key-header, and Stripe's documented behaviour) over a
+//! [`crate::Store`]. Enabled by the `http` feature. See `docs/http.md`.
+
+// TEMPORARY until the JCS module lands.
+mod canonical {
+    pub(crate) fn canonicalize(b: &[u8]) -> Result<Vec<u8>, ()> {
+        Ok(b.to_vec())
+    }
+}
+mod key;
+mod layer;
+mod problem;
+mod service;
+mod timer;
+
+pub use layer::{
+    default_outcome_policy, default_stored_header, IdempotencyLayer, IdempotencyLayerBuilder,
+    MatchedPath, OutcomePolicy,
+};
+pub use service::IdempotencyService;

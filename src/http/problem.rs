@@ -1,0 +1,78 @@
+//! RFC 9457 `application/problem+json` responses, each with a stable `type`.
+
+use ::http::{header, HeaderValue, StatusCode};
+use bytes::Bytes;
+use std::time::Duration;
+
+/// The `type` URIs of the problems the layer answers with; stable, documented in
+/// `docs/http.md`.
+pub(crate) mod types {
+    pub const MISSING_KEY: &str = "https://idemdb.dev/problems/idempotency-key-missing";
+    pub const MALFORMED_KEY: &str = "https://idemdb.dev/problems/idempotency-key-malformed";
+    pub const REPEATED_KEY: &str = "https://idemdb.dev/problems/idempotency-key-repeated";
+    pub const NO_TENANT: &str = "https://idemdb.dev/problems/tenant-unknown";
+    pub const BODY_TOO_LARGE: &str = "https://idemdb.dev/problems/request-body-too-large";
+    pub const BODY_UNREADABLE: &str = "https://idemdb.dev/problems/request-body-unreadable";
+    pub const IN_PROGRESS: &str = "https://idemdb.dev/problems/idempotency-key-in-progress";
+    pub const MISMATCH: &str = "https://idemdb.dev/problems/idempotency-key-reused";
+    pub const STORE_UNAVAILABLE: &str = "https://idemdb.dev/problems/idempotency-store-unavailable";
+    pub const HANDLER_PANICKED: &str = "https://idemdb.dev/problems/handler-panicked";
+}
+
+/// A problem response's parts, before the body type is chosen.
+pub(crate) struct Problem {
+    pub(crate) status: StatusCode,
+    pub(crate) kind: &'static str,
+    pub(crate) title: &'static str,
+    pub(crate) detail: String,
+    pub(crate) retry_after: Option<Duration>,
+}
+
+impl Problem {
+    pub(crate) fn new(status: StatusCode, kind: &'static str, title: &'static str) -> Problem {
+        Problem {
+            status,
+            kind,
+            title,
+            detail: String::new(),
+            retry_after: None,
+        }
+    }
+
+    pub(crate) fn detail(mut self, detail: impl Into<String>) -> Problem {
+        self.detail = detail.into();
+        self
+    }
+
+    pub(crate) fn retry_after(mut self, after: Duration) -> Problem {
+        self.retry_after = Some(after);
+        self
+    }
+
+    pub(crate) fn into_response<B: From<Bytes>>(self) -> ::http::Response<B> {
+        let mut body = serde_json::json!({
+            "type": self.kind,
+            "title": self.title,
+            "status": self.status.as_u16(),
+        });
+        if !self.detail.is_empty() {
+            body["detail"] = serde_json::Value::String(self.detail);
+        }
+        let bytes = serde_json::to_vec(&body).expect("a JSON value serializes");
+        let mut response = ::http::Response::new(B::from(Bytes::from(bytes)));
+        *response.status_mut() = self.status;
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        if let Some(after) = self.retry_after {
+            // Delta-seconds, rounded up so that a client never retries too early.
+            let secs = after.as_millis().div_ceil(1000).max(1);
+            response.headers_mut().insert(
+                header::RETRY_AFTER,
+                HeaderValue::from_str(&secs.to_string()).expect("digits are a valid value"),
+            );
+        }
+        response
+    }
+}
