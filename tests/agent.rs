@@ -294,3 +294,68 @@ fn an_oversize_result_releases_the_key() {
         ok("small")
     );
 }
+
+#[test]
+fn an_ambiguous_failure_is_reconciled_not_repeated() {
+    let clock = ManualClock::new();
+    let store = Store::builder()
+        .clock(clock.clone())
+        .lease(Duration::from_secs(60))
+        .in_memory()
+        .unwrap();
+    let gw = Gateway::new(store);
+    let key = ToolCallKey::new("task-5", 1, "create_incident");
+    // The tool server timed out after the request was sent: the incident may exist.
+    let out = gw
+        .call("agent", &key, b"{}", |_| {
+            Err(ToolError::Ambiguous("timed out after sending".into()))
+        })
+        .unwrap();
+    assert!(matches!(out, Outcome::Unresolved { .. }), "{out:?}");
+    assert!(matches!(
+        gw.call("agent", &key, b"{}", |_| panic!(
+            "must not run while unresolved"
+        ))
+        .unwrap(),
+        Outcome::InFlight { .. }
+    ));
+    clock.advance(Duration::from_secs(60));
+    let out = gw
+        .call("agent", &key, b"{}", |ctx| {
+            assert!(
+                ctx.takeover.is_some(),
+                "the next attempt is told to reconcile"
+            );
+            Ok(b"INC-1 (found, not recreated)".to_vec())
+        })
+        .unwrap();
+    assert!(matches!(out, Outcome::Executed(Ok(_))));
+}
+
+#[test]
+fn a_slow_tool_extends_its_lease_and_is_not_taken_over() {
+    let clock = ManualClock::new();
+    let store = Store::builder()
+        .clock(clock.clone())
+        .lease(Duration::from_secs(60))
+        .in_memory()
+        .unwrap();
+    let gw = Gateway::new(store);
+    let key = ToolCallKey::new("task-6", 1, "long_export");
+    let out = gw
+        .call("agent", &key, b"{}", |ctx| {
+            for _ in 0..3 {
+                clock.advance(Duration::from_secs(50));
+                ctx.extend_lease(Duration::from_secs(60)).unwrap();
+                // A duplicate arriving now finds the call in flight, not stale.
+                assert!(matches!(
+                    gw.call("agent", &key, b"{}", |_| panic!("must not run twice"))
+                        .unwrap(),
+                    Outcome::InFlight { .. }
+                ));
+            }
+            Ok(b"done".to_vec())
+        })
+        .unwrap();
+    assert_eq!(out, ok("done"));
+}

@@ -34,10 +34,18 @@ pub enum ArgumentPolicy {
 
 /// How a tool failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ToolError {
-    /// A failure of the moment (a timeout, a 5xx from the tool server, a rate limit): the key
-    /// is released, and the next attempt runs the tool again.
+    /// A failure of the moment that certainly did **not** perform the side effect (connection
+    /// refused, a 503 or 429 answered before any work, a rate limit): the key is released, and
+    /// the next attempt runs the tool again.
     Transient(String),
+    /// The side effect may or may not have happened (a timeout after the request was sent, a
+    /// connection reset mid-response). The claim is left in progress: duplicates get
+    /// [`Outcome::InFlight`] until its lease runs out, then the next attempt runs with
+    /// [`ToolContext::takeover`] set, so it looks the effect up before repeating it. Never
+    /// report an ambiguous failure as `Transient`: releasing would repeat the side effect.
+    Ambiguous(String),
     /// A deterministic failure (invalid arguments, a refused operation): stored like a result
     /// and replayed to every retry.
     Failed(Vec<u8>),
@@ -54,6 +62,20 @@ pub struct ToolContext<'a> {
     /// out) and may have performed the side effect: reconcile first (look the effect up by the
     /// key) before performing it again.
     pub takeover: Option<&'a Takeover>,
+    store: &'a Store,
+    ticket: &'a crate::Ticket,
+}
+
+impl ToolContext<'_> {
+    /// Renews this call's lease to run until `by` from now, so a slow tool is not taken over
+    /// by a duplicate. Call it periodically from a tool that may outlast the store's lease.
+    ///
+    /// # Errors
+    /// [`Error::LeaseLost`] if the call was already taken over or reaped: stop, another
+    /// attempt owns the side effect now.
+    pub fn extend_lease(&self, by: Duration) -> Result<()> {
+        self.store.extend(self.ticket, by)
+    }
 }
 
 /// A stored tool result: `Ok` for success, `Err` for a deterministic failure.
@@ -86,6 +108,12 @@ pub enum Outcome {
     },
     /// [`ArgumentPolicy::Strict`] only: the key was used with other arguments. Nothing ran.
     ArgumentsChanged,
+    /// The tool reported [`ToolError::Ambiguous`]: the call stays in progress until its lease
+    /// runs out, then the next attempt reconciles.
+    Unresolved {
+        /// What the tool said.
+        reason: String,
+    },
 }
 
 /// Wraps tool execution so each logical tool call has its side effect at most once per key,
@@ -222,6 +250,8 @@ impl Gateway {
             args,
             fence: ticket.fence(),
             takeover: ticket.takeover(),
+            store: &self.store,
+            ticket: &ticket,
         };
         let (status, body) = match tool(&ctx) {
             Ok(result) => (STATUS_OK, result),
@@ -229,6 +259,12 @@ impl Gateway {
             Err(ToolError::Transient(reason)) => {
                 self.store.release(ticket)?;
                 return Ok(Outcome::Released { reason });
+            }
+            Err(ToolError::Ambiguous(reason)) => {
+                // Neither stored nor released: the claim stays in progress, and once its lease
+                // runs out the next attempt runs with `takeover` set, to reconcile first.
+                drop(ticket);
+                return Ok(Outcome::Unresolved { reason });
             }
         };
         let response = Response::new(status, body).with_header(ARGS_HEADER, hex(&args_digest));
