@@ -54,6 +54,9 @@ type EndpointFn = dyn Fn(&Parts) -> String + Send + Sync;
 type FingerprintFn = dyn Fn(&Parts, &Bytes) -> Fingerprint + Send + Sync;
 type PolicyFn = dyn Fn(StatusCode) -> OutcomePolicy + Send + Sync;
 type HeaderFn = dyn Fn(&HeaderName) -> bool + Send + Sync;
+/// Runs a future to completion in the background (for example `tokio::spawn`).
+pub type Spawner =
+    dyn Fn(std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>) + Send + Sync;
 
 pub(crate) struct Config {
     pub(crate) store: Store,
@@ -69,6 +72,7 @@ pub(crate) struct Config {
     pub(crate) replay_header: HeaderName,
     pub(crate) wait: Duration,
     pub(crate) heartbeat: Option<Duration>,
+    pub(crate) spawner: Option<Box<Spawner>>,
 }
 
 /// A tower layer that implements the `Idempotency-Key` header field
@@ -131,6 +135,7 @@ impl IdempotencyLayer {
                 replay_header: HeaderName::from_static("idempotent-replayed"),
                 wait: Duration::ZERO,
                 heartbeat: None,
+                spawner: None,
             },
         }
     }
@@ -232,6 +237,24 @@ impl IdempotencyLayerBuilder {
     /// is not taken over. Choose `every` well below the store's lease. Default: off.
     pub fn heartbeat(mut self, every: Duration) -> Self {
         self.config.heartbeat = Some(every);
+        self
+    }
+
+    /// Recommended: how to run a handler detached from its request, e.g.
+    /// `.spawner(|f| { tokio::spawn(f); })`. With a spawner, a handler whose client went away
+    /// (the response was lost) still finishes, and its response is stored for the retry to
+    /// replay. Without one, such a handler is cancelled with its request, and its claim is left in
+    /// progress (a retry gets 409 until the lease runs out, then runs with a takeover), because
+    /// it may already have performed the side effect. Default: none (the layer depends on no
+    /// runtime).
+    pub fn spawner(
+        mut self,
+        spawn: impl Fn(std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>)
+            + Send
+            + Sync
+            + 'static,
+    ) -> Self {
+        self.config.spawner = Some(Box::new(spawn));
         self
     }
 

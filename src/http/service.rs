@@ -63,11 +63,13 @@ async fn handle<S, ReqB, ResB>(
     req: Request<ReqB>,
 ) -> Result<Response<ResB>, S::Error>
 where
-    S: tower::Service<Request<ReqB>, Response = Response<ResB>>,
-    ReqB: http_body::Body<Data = Bytes> + From<Bytes>,
-    ReqB::Error: Into<BoxError>,
-    ResB: http_body::Body<Data = Bytes> + From<Bytes>,
-    ResB::Error: Into<BoxError>,
+    S: tower::Service<Request<ReqB>, Response = Response<ResB>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqB: http_body::Body<Data = Bytes> + From<Bytes> + Send + 'static,
+    ReqB::Error: Into<BoxError> + Send,
+    ResB: http_body::Body<Data = Bytes> + From<Bytes> + Send + 'static,
+    ResB::Error: Into<BoxError> + Send,
 {
     if !config.methods.contains(req.method()) {
         return inner.call(req).await;
@@ -147,11 +149,48 @@ where
             }
         }
     };
+    let req = Request::from_parts(parts, ReqB::from(bytes));
+    let work = execute(Arc::clone(&config), inner, req, ticket);
+    let Some(spawn) = &config.spawner else {
+        return work.await;
+    };
+    // Detached: the handler runs to completion, and its outcome is stored, even if this request
+    // future is dropped because the client went away (the seed's "response lost" case).
+    let (tx, rx) = oneshot();
+    spawn(Box::pin(async move { tx.send(work.await) }));
+    match rx.await {
+        Some(result) => result,
+        None => Ok(Problem::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            types::HANDLER_PANICKED,
+            "internal error",
+        )
+        .detail("the handler task was dropped before it finished")
+        .into_response()),
+    }
+}
+
+/// Runs the handler for an acquired claim and stores or releases its outcome.
+async fn execute<S, ReqB, ResB>(
+    config: Arc<Config>,
+    mut inner: S,
+    req: Request<ReqB>,
+    ticket: Ticket,
+) -> Result<Response<ResB>, S::Error>
+where
+    S: tower::Service<Request<ReqB>, Response = Response<ResB>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqB: http_body::Body<Data = Bytes> + From<Bytes> + Send + 'static,
+    ReqB::Error: Into<BoxError> + Send,
+    ResB: http_body::Body<Data = Bytes> + From<Bytes> + Send + 'static,
+    ResB::Error: Into<BoxError> + Send,
+{
+    let store = &config.store;
     let mut held = Held {
         store: store.clone(),
         ticket: Some(ticket),
     };
-    let req = Request::from_parts(parts, ReqB::from(bytes));
     let run = CatchUnwind(Box::pin(inner.call(req)));
     let outcome = match config.heartbeat {
         Some(every) => with_heartbeat(run, &held, every).await,
@@ -295,8 +334,11 @@ fn replay<B: From<Bytes>>(config: &Config, stored: crate::Response) -> Response<
     response
 }
 
-/// The claim while the handler runs: released if the request future is dropped (the client
-/// went away) or the handler fails.
+/// The claim while the handler runs: released if the handler fails. If the request future is
+/// dropped mid-handler (the client went away, and no spawner detaches the handler), the claim is
+/// left in progress: the handler may already have performed the side effect, so releasing
+/// would let the retry repeat it. The retry gets 409 until the lease runs out, then runs with a
+/// takeover. Configure a spawner to have the handler finish and its response stored instead.
 struct Held {
     store: Store,
     ticket: Option<Ticket>,
@@ -307,20 +349,6 @@ impl Held {
         if let Some(ticket) = self.ticket.take() {
             // A lost lease means someone else holds the key now: nothing to release.
             let _ = self.store.release_async(ticket).await;
-        }
-    }
-}
-
-impl Drop for Held {
-    fn drop(&mut self) {
-        if let Some(ticket) = self.ticket.take() {
-            // Drop cannot await, and must not block an executor thread on an fsync.
-            let store = self.store.clone();
-            let _ = std::thread::Builder::new()
-                .name("idemdb-release".into())
-                .spawn(move || {
-                    let _ = store.release(ticket);
-                });
         }
     }
 }
@@ -361,5 +389,56 @@ async fn with_heartbeat<F: Future + Unpin>(mut run: F, held: &Held, every: Durat
                 }
             }
         }
+    }
+}
+
+/// A one-value channel between the detached handler task and the request future.
+struct Shared<T> {
+    value: Option<T>,
+    waker: Option<std::task::Waker>,
+    closed: bool,
+}
+
+struct Sender<T>(Arc<parking_lot::Mutex<Shared<T>>>);
+struct Receiver<T>(Arc<parking_lot::Mutex<Shared<T>>>);
+
+fn oneshot<T>() -> (Sender<T>, Receiver<T>) {
+    let shared = Arc::new(parking_lot::Mutex::new(Shared {
+        value: None,
+        waker: None,
+        closed: false,
+    }));
+    (Sender(Arc::clone(&shared)), Receiver(shared))
+}
+
+impl<T> Sender<T> {
+    fn send(self, value: T) {
+        self.0.lock().value = Some(value);
+    }
+}
+
+impl<T> Drop for Sender<T> {
+    fn drop(&mut self) {
+        let mut s = self.0.lock();
+        s.closed = true;
+        if let Some(w) = s.waker.take() {
+            w.wake();
+        }
+    }
+}
+
+impl<T> Future for Receiver<T> {
+    type Output = Option<T>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<T>> {
+        let mut s = self.0.lock();
+        if let Some(v) = s.value.take() {
+            return Poll::Ready(Some(v));
+        }
+        if s.closed {
+            return Poll::Ready(None);
+        }
+        s.waker = Some(cx.waker().clone());
+        Poll::Pending
     }
 }
