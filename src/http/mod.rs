@@ -2,12 +2,7 @@
 //! (draft-ietf-httpapi-idempotency-key-header, and Stripe's documented behaviour) over a
 //! [`crate::Store`]. Enabled by the `http` feature. See `docs/http.md`.
 
-// TEMPORARY until the JCS module lands.
-mod canonical {
-    pub(crate) fn canonicalize(b: &[u8]) -> Result<Vec<u8>, ()> {
-        Ok(b.to_vec())
-    }
-}
+mod canonical;
 mod key;
 mod layer;
 mod problem;
