@@ -964,3 +964,60 @@ fn without_the_heartbeat_a_retry_after_the_lease_takes_a_slow_handler_over() {
     assert!(after.replayed());
     assert_eq!(after.body, retry.body);
 }
+
+/// Regression: a takeover ran the handler with nothing telling it so, although the whole point
+/// of a takeover is that the handler reconciles downstream first. The layer now puts the claim
+/// (key, fence, takeover) in the request's extensions.
+#[test]
+fn a_takeover_is_visible_to_the_handler() {
+    use axum::Extension;
+    use idemdb::http::Claimed;
+    let seen: Arc<Mutex<Vec<Claimed>>> = Arc::default();
+    let s = seen.clone();
+    let store = Store::builder()
+        .lease(Duration::from_secs(1))
+        .in_memory()
+        .unwrap();
+    let layer = IdempotencyLayer::builder(store, |_| Some("tenant".into())).build();
+    let app = Router::new()
+        .route(
+            "/v1/payments",
+            post(move |Extension(claimed): Extension<Claimed>| {
+                let s = s.clone();
+                async move {
+                    let first = claimed.takeover.is_none();
+                    s.lock().unwrap().push(claimed);
+                    if first {
+                        // The first attempt is slow; its client gives up and it is cancelled.
+                        tokio::time::sleep(Duration::from_millis(400)).await;
+                    }
+                    StatusCode::CREATED
+                }
+            }),
+        )
+        .layer(layer);
+    let (base, _rt) = serve(app);
+    let send = |timeout: Option<Duration>| {
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .timeout_global(timeout)
+            .http_status_as_error(false)
+            .build()
+            .into();
+        agent
+            .post(&format!("{base}/v1/payments"))
+            .header("idempotency-key", "takeover-1")
+            .send("{}")
+    };
+    assert!(send(Some(Duration::from_millis(100))).is_err());
+    thread::sleep(Duration::from_millis(1200));
+    assert_eq!(send(None).unwrap().status(), 201);
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), 2);
+    assert_eq!(seen[0].key, "takeover-1");
+    let takeover = seen[1]
+        .takeover
+        .as_ref()
+        .expect("the retry is told it took over");
+    assert_eq!(takeover.previous_fence, seen[0].fence);
+    assert!(seen[1].fence > seen[0].fence);
+}

@@ -13,4 +13,4 @@ pub use layer::{
     default_outcome_policy, default_stored_header, IdempotencyLayer, IdempotencyLayerBuilder,
     MatchedPath, OutcomePolicy,
 };
-pub use service::IdempotencyService;
+pub use service::{Claimed, IdempotencyService};

@@ -18,6 +18,21 @@ use std::time::{Duration, Instant};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
+/// What the layer tells the handler about the claim it runs under, in the request's
+/// extensions (axum: `Extension<Claimed>`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claimed {
+    /// The request's idempotency key.
+    pub key: String,
+    /// The claim's fencing token: pass it downstream if the downstream can refuse stale
+    /// writers.
+    pub fence: u64,
+    /// `Some` when an earlier attempt with this key was abandoned (its handler was cancelled or
+    /// crashed, or its response could not be stored) and may already have performed the side
+    /// effect: look the effect up downstream (by the key) before performing it again.
+    pub takeover: Option<crate::Takeover>,
+}
+
 /// The service [`super::IdempotencyLayer`] wraps around an inner service.
 #[derive(Clone)]
 pub struct IdempotencyService<S> {
@@ -93,7 +108,7 @@ where
                 .into_response())
         }
     };
-    let (parts, body) = req.into_parts();
+    let (mut parts, body) = req.into_parts();
     let Some(tenant) = (config.tenant)(&parts) else {
         return Ok(Problem::new(StatusCode::UNAUTHORIZED, types::NO_TENANT, "unknown tenant")
             .detail("the request carries no credentials this service can scope its Idempotency-Key to")
@@ -149,6 +164,11 @@ where
             }
         }
     };
+    parts.extensions.insert(Claimed {
+        key: key.clone(),
+        fence: ticket.fence(),
+        takeover: ticket.takeover().cloned(),
+    });
     let req = Request::from_parts(parts, ReqB::from(bytes));
     let work = execute(Arc::clone(&config), inner, req, ticket);
     let Some(spawn) = &config.spawner else {
