@@ -24,6 +24,10 @@ pub(crate) const FORMAT_KEY: &str = "format_version";
 /// after a reopen start above it.
 pub(crate) const FENCE_KEY: &str = "fence_reserved";
 
+/// The highest fence a store file may hold: far beyond any real use (2^62 claims at a million a
+/// second take 146,000 years), and far enough from `u64::MAX` that the counter never wraps.
+pub(crate) const MAX_FENCE: u64 = 1 << 62;
+
 /// Fences are reserved on disk in blocks of this many, so most batches need not touch `meta`.
 /// Unit tests use a tiny block so that they cross block boundaries.
 pub(crate) const FENCE_BLOCK: u64 = if cfg!(test) { 4 } else { 1 << 16 };
@@ -235,6 +239,15 @@ pub(crate) fn load(db: &Database) -> Result<Loaded> {
         let (key, record) = decode_at(fence.value(), value.value())?;
         high_fence = high_fence.max(record.fence);
         slots.push((key.into(), slot_of(&record, true)));
+    }
+    if high_fence > MAX_FENCE {
+        return Err(Error::Corrupted {
+            key: "(fence counter)".into(),
+            reason: format!(
+                "a fence of {high_fence} is beyond 2^62; no store issues that many claims, and \
+                 resuming would wrap the counter and reissue fences"
+            ),
+        });
     }
     Ok(Loaded {
         slots,

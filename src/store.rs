@@ -97,8 +97,7 @@ impl Store {
         if !path.try_exists()? {
             create_atomically(path)?;
         }
-        let db = redb::Builder::new().create(path)?;
-        Store::start(config, db)
+        contain_panics(|| Store::start(config, redb::Builder::new().create(path)?))
     }
 
     pub(crate) fn in_memory_with(config: Config) -> Result<Store> {
@@ -109,8 +108,7 @@ impl Store {
         config: Config,
         backend: impl redb::StorageBackend,
     ) -> Result<Store> {
-        let db = redb::Builder::new().create_with_backend(backend)?;
-        Store::start(config, db)
+        contain_panics(|| Store::start(config, redb::Builder::new().create_with_backend(backend)?))
     }
 
     fn start(config: Config, db: redb::Database) -> Result<Store> {
@@ -569,6 +567,27 @@ impl Store {
         let inner = &*self.inner;
         let live = u64::try_from(inner.index.len()).unwrap_or(u64::MAX);
         inner.counters.snapshot(inner.pipeline.batches(), live)
+    }
+}
+
+/// Runs an open, turning a panic into [`Error::Corrupted`]. redb 4.6 trusts its pages on a
+/// clean open and panics on some damaged ones (an unknown page type, an out-of-range slice, a
+/// table name that is not UTF-8); found by the `open_file` fuzz target. A damaged file must be
+/// a typed error, never a crash of the service that opens it.
+fn contain_panics(open: impl FnOnce() -> Result<Store>) -> Result<Store> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(open)) {
+        Ok(result) => result,
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic".into());
+            Err(Error::Corrupted {
+                key: "(redb page structure)".into(),
+                reason: format!("the storage engine failed on the file's pages: {what}"),
+            })
+        }
     }
 }
 
