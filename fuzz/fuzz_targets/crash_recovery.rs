@@ -155,7 +155,11 @@ struct Round {
 
 impl Round {
     fn steps(&self) -> Vec<Step> {
-        self.steps.iter().take(MAX_STEPS).map(|op| op.step()).collect()
+        self.steps
+            .iter()
+            .take(MAX_STEPS)
+            .map(|op| op.step())
+            .collect()
     }
 }
 

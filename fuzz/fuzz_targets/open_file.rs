@@ -11,7 +11,8 @@
 //!   runs out and then taken over with a fence above its own;
 //! - `reap` keeping everything and `purge_expired` change no live entry;
 //! - a fresh key claimed and completed reads back;
-//! - what the store answered before it was closed, it answers after a reopen.
+//! - on a well-formed file, what the store answered before it was closed, it answers after a
+//!   reopen.
 //!
 //! redb 4.6 trusts its pages outside crash recovery and panics on some byte damage; idemdb's
 //! open turns those panics into `Error::Corrupted`. Here a panic raised inside redb unwinds
@@ -153,7 +154,11 @@ impl KeyChoice {
 
 /// The scoped-key encoding of docs/format.md.
 fn scoped(id: Id) -> Vec<u8> {
-    let (t, e, k) = (TENANTS[id.0].as_bytes(), ENDPOINTS[id.1].as_bytes(), key(id));
+    let (t, e, k) = (
+        TENANTS[id.0].as_bytes(),
+        ENDPOINTS[id.1].as_bytes(),
+        key(id),
+    );
     let mut out = vec![u8::try_from(t.len()).unwrap()];
     out.extend_from_slice(t);
     out.extend_from_slice(&u16::try_from(e.len()).unwrap().to_be_bytes());
@@ -190,10 +195,18 @@ struct RecordChoice {
 /// A change made through redb: the file stays well-formed, its contents become hostile.
 #[derive(Arbitrary, Debug, Clone)]
 enum Write {
-    Meta { name: MetaName, value: u64 },
-    DeleteMeta { name: MetaName },
+    Meta {
+        name: MetaName,
+        value: u64,
+    },
+    DeleteMeta {
+        name: MetaName,
+    },
     /// Stores a well-formed, checksummed record.
-    Record { at: FenceChoice, record: RecordChoice },
+    Record {
+        at: FenceChoice,
+        record: RecordChoice,
+    },
     /// Stores these bytes as a record, with a valid checksum appended when `seal`.
     Raw {
         at: FenceChoice,
@@ -208,15 +221,24 @@ enum Write {
         seal: bool,
     },
     /// Moves a stored record to another fence.
-    Move { nth: u8, to: FenceChoice },
-    Delete { nth: u8 },
+    Move {
+        nth: u8,
+        to: FenceChoice,
+    },
+    Delete {
+        nth: u8,
+    },
     Expiry {
         expires_at: TimeChoice,
         fence: FenceChoice,
         key: KeyChoice,
     },
-    DeleteExpiry { nth: u8 },
-    DropTable { which: u8 },
+    DeleteExpiry {
+        nth: u8,
+    },
+    DropTable {
+        which: u8,
+    },
 }
 
 #[derive(Arbitrary, Debug, Clone, Copy)]
@@ -340,7 +362,7 @@ fn rewrite(disk: &SimDisk, writes: &[Write]) -> Result<(), redb::Error> {
         }
         let fence = |c: FenceChoice, fences: &[u64]| -> u64 {
             let high = fences.iter().copied().max().unwrap_or(0);
-            let f = match c {
+            match c {
                 FenceChoice::Existing(n) if !fences.is_empty() => {
                     fences[usize::from(n) % fences.len()]
                 }
@@ -348,8 +370,7 @@ fn rewrite(disk: &SimDisk, writes: &[Write]) -> Result<(), redb::Error> {
                 FenceChoice::Above(n) => high.saturating_add(u64::from(n)),
                 FenceChoice::Top(n) => u64::MAX - u64::from(n),
                 FenceChoice::Exact(f) => f,
-            };
-            f
+            }
         };
         let nth = |n: u8, fences: &[u64]| -> Option<u64> {
             (!fences.is_empty()).then(|| fences[usize::from(n) % fences.len()])
@@ -371,11 +392,20 @@ fn rewrite(disk: &SimDisk, writes: &[Write]) -> Result<(), redb::Error> {
                 }
                 Write::Raw { at, bytes, seal: s } => {
                     let at = fence(*at, &fences);
-                    let value = if *s { seal(bytes.clone()) } else { bytes.clone() };
+                    let value = if *s {
+                        seal(bytes.clone())
+                    } else {
+                        bytes.clone()
+                    };
                     records.insert(at, value.as_slice())?;
                     fences.push(at);
                 }
-                Write::Damage { nth: n, at, mask, seal: s } => {
+                Write::Damage {
+                    nth: n,
+                    at,
+                    mask,
+                    seal: s,
+                } => {
                     let Some(f) = nth(*n, &fences) else { continue };
                     let Some(v) = records.get(f)?.map(|v| v.value().to_vec()) else {
                         continue;
@@ -511,7 +541,10 @@ fn agree(store: &Store, clock: &ManualClock, id: Id) -> idemdb::Result<()> {
             lease_deadline,
             orphan,
         } => {
-            assert!(orphan, "{id:?}: in progress right after open, not an orphan");
+            assert!(
+                orphan,
+                "{id:?}: in progress right after open, not an orphan"
+            );
             match store.claim(&scope, &key, other(entry.fingerprint))? {
                 Claim::Mismatch { completed: false } => {}
                 c => panic!("{id:?}: in progress {entry:?}, another fingerprint got {c:?}"),
@@ -610,7 +643,9 @@ mod redb_panics {
         ONCE.call_once(|| {
             let abort = std::panic::take_hook();
             std::panic::set_hook(Box::new(move |info| {
-                let location = info.location().map(|l| format!("{}:{}", l.file(), l.line()));
+                let location = info
+                    .location()
+                    .map(|l| format!("{}:{}", l.file(), l.line()));
                 let Some(at) = location.as_deref().and_then(|l| l.rsplit_once("/redb-")) else {
                     return abort(info);
                 };
@@ -623,7 +658,10 @@ mod redb_panics {
                     .unwrap_or_default();
                 let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
                 if seen.insert(at.clone()) {
-                    eprintln!("idemdb-fuzz: redb panicked (site #{}) at {at}: {message}", seen.len());
+                    eprintln!(
+                        "idemdb-fuzz: redb panicked (site #{}) at {at}: {message}",
+                        seen.len()
+                    );
                 }
                 LAST.with(|l| *l.borrow_mut() = Some((at, message)));
             }));
@@ -700,6 +738,9 @@ fn one(data: &[u8], input: &Input) {
         Source::Seed(n) => (seeds[usize::from(*n) % seeds.len()].clone(), true),
         Source::Raw(bytes) => (bytes[..bytes.len().min(MAX_RAW)].to_vec(), false),
     };
+    if debug() {
+        eprintln!("image: {} bytes", image.len());
+    }
     let disk = SimDisk::from_image(image);
     if !input.writes.is_empty() {
         if valid {
@@ -725,7 +766,10 @@ fn one(data: &[u8], input: &Input) {
     // closed cleanly reopen and answer as before; damaged bytes may surface only later.
     let mut well_formed = valid && edits.is_empty();
     if lenient() && !well_formed {
-        if !matches!(redb_panics::tolerate(data, || disk.redb_integrity()), Some(Ok(_))) {
+        if !matches!(
+            redb_panics::tolerate(data, || disk.redb_integrity()),
+            Some(Ok(_))
+        ) {
             return;
         }
         well_formed = true;
@@ -748,7 +792,10 @@ fn open_and_exercise(disk: &SimDisk, input: &Input, well_formed: bool) {
     };
     let exercised = exercise(&store, &clock, input.resolve);
     if debug() {
-        eprintln!("open: ok; {} records; exercise: {exercised:?}", store.stats().live_records);
+        eprintln!(
+            "open: ok; {} records; exercise: {exercised:?}",
+            store.stats().live_records
+        );
     }
     if exercised.is_err() {
         return;
