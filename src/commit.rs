@@ -22,7 +22,10 @@ use std::sync::{Once, Weak};
 use std::task::{Context, Poll, Waker};
 
 pub(crate) struct Pipeline {
-    db: Database,
+    /// `None` only while dropping (see `Drop`).
+    db: Option<Database>,
+    /// A commit panicked inside redb, leaving its locks poisoned.
+    poisoned: AtomicBool,
     state: Mutex<State>,
     done: Condvar,
     halted: AtomicBool,
@@ -77,7 +80,8 @@ fn halted(cause: &str) -> Error {
 impl Pipeline {
     pub(crate) fn new(db: Database, reserved: u64) -> Pipeline {
         Pipeline {
-            db,
+            db: Some(db),
+            poisoned: AtomicBool::new(false),
             state: Mutex::new(State {
                 queue: Vec::new(),
                 next: 0,
@@ -96,7 +100,9 @@ impl Pipeline {
     }
 
     pub(crate) fn db(&self) -> &Database {
-        &self.db
+        self.db
+            .as_ref()
+            .expect("the database lives as long as the pipeline")
     }
 
     pub(crate) fn batches(&self) -> u64 {
@@ -164,11 +170,15 @@ impl Pipeline {
         let upto = s.next;
         let mut reserved = s.reserved;
         let result = MutexGuard::unlocked(s, || {
-            // A panic inside redb must not leave `committing` set forever.
-            let guard = HaltOnUnwind(self);
-            let r = write_batch(&self.db, &batch, &mut reserved);
-            std::mem::forget(guard);
-            r
+            // A panic inside redb (damaged pages) fails the batch and halts the store like any
+            // failed commit, instead of escaping into the caller that happened to lead.
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                write_batch(self.db(), &batch, &mut reserved)
+            }))
+            .unwrap_or_else(|panic| {
+                self.poisoned.store(true, Ordering::Release);
+                Err(crate::error::storage_panic(panic))
+            })
         });
         s.reserved = reserved;
         s.committing = false;
@@ -256,6 +266,11 @@ fn flush_loop(pipeline: &Weak<Pipeline>, signal: &FlushSignal) {
 
 impl Drop for Pipeline {
     fn drop(&mut self) {
+        if self.poisoned.load(Ordering::Acquire) {
+            // redb's own Drop unwraps locks the panic poisoned, and would panic again: leak it
+            // (the process keeps the file open until it exits).
+            std::mem::forget(self.db.take());
+        }
         self.flusher.raise(true);
     }
 }
@@ -285,21 +300,6 @@ impl Future for Durable {
         drop(s);
         p.flusher.raise(false);
         Poll::Pending
-    }
-}
-
-struct HaltOnUnwind<'a>(&'a Pipeline);
-
-impl Drop for HaltOnUnwind<'_> {
-    fn drop(&mut self) {
-        let mut s = self.0.state.lock();
-        s.committing = false;
-        s.halted = Some("the commit panicked".into());
-        self.0.halted.store(true, Ordering::Release);
-        self.0.done.notify_all();
-        for (_, waker) in s.wakers.drain(..) {
-            waker.wake();
-        }
     }
 }
 

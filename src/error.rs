@@ -191,6 +191,21 @@ impl From<std::io::Error> for Error {
     }
 }
 
+/// The error for a panic raised inside the storage engine (redb 4.6 panics on some damaged
+/// pages instead of returning an error): a damaged file is a typed error, never a crash of the
+/// service using the store.
+pub(crate) fn storage_panic(panic: Box<dyn std::any::Any + Send>) -> Error {
+    let what = panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic".into());
+    Error::Corrupted {
+        key: "(redb page structure)".into(),
+        reason: format!("the storage engine failed on the file's pages: {what}"),
+    }
+}
+
 fn storage(e: impl std::error::Error + Send + Sync + 'static) -> Error {
     Error::Storage(StorageError(Box::new(e)))
 }

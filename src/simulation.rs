@@ -38,6 +38,8 @@ enum Fault {
     Write { nth: u64, forever: bool },
     /// The sync numbered `nth` fails; `forever`: and every later one.
     Sync { nth: u64, forever: bool },
+    /// The write numbered `nth` panics, as redb does on some damaged pages.
+    PanicWrite { nth: u64 },
 }
 
 #[derive(Debug, Clone)]
@@ -118,6 +120,15 @@ impl SimDisk {
         d.fault = Fault::Write {
             nth: d.writes + more,
             forever,
+        };
+    }
+
+    /// Panics in the write `more` writes from now, standing in for a storage engine that
+    /// panics on damaged pages.
+    pub fn panic_on_write_after(&self, more: u64) {
+        let mut d = self.0.lock();
+        d.fault = Fault::PanicWrite {
+            nth: d.writes + more,
         };
     }
 
@@ -274,6 +285,10 @@ impl StorageBackend for SimBackend {
             if n == nth || (forever && n > nth) {
                 return Err(injected());
             }
+        }
+        if d.fault == (Fault::PanicWrite { nth: n }) {
+            drop(d);
+            panic!("simulated storage engine panic");
         }
         put(&mut d.live, start, data);
         d.unsynced.push(Pending::Write {

@@ -575,20 +575,8 @@ impl Store {
 /// table name that is not UTF-8); found by the `open_file` fuzz target. A damaged file must be
 /// a typed error, never a crash of the service that opens it.
 fn contain_panics(open: impl FnOnce() -> Result<Store>) -> Result<Store> {
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(open)) {
-        Ok(result) => result,
-        Err(panic) => {
-            let what = panic
-                .downcast_ref::<&str>()
-                .map(|s| (*s).to_owned())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "a panic".into());
-            Err(Error::Corrupted {
-                key: "(redb page structure)".into(),
-                reason: format!("the storage engine failed on the file's pages: {what}"),
-            })
-        }
-    }
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(open))
+        .unwrap_or_else(|panic| Err(crate::error::storage_panic(panic)))
 }
 
 /// Creates an initialised store file at `path`. The file is built under a temporary name in the

@@ -266,3 +266,33 @@ fn damaged_pages_are_an_error_not_a_panic() {
         "zeroed pages went unnoticed ({opened_ok} opened)"
     );
 }
+
+/// Regression (found by the `open_file` fuzz target, `redb-panic-escapes-complete-after-open`):
+/// redb panicked inside a commit on a damaged page, and the panic escaped `complete` into the
+/// caller. A panic in the commit now fails the batch and halts the store like any failed
+/// commit, and nothing it did not hold is acknowledged.
+#[test]
+fn a_panic_inside_a_commit_fails_the_call_and_halts_the_store() {
+    let disk = SimDisk::new();
+    let store = open(&disk);
+    let ticket = acquire(&store, "k1");
+    disk.panic_on_write_after(0);
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        store.complete(ticket, Response::new(200, "paid"))
+    }));
+    match result {
+        Ok(Err(Error::Corrupted { reason, .. })) => assert!(reason.contains("panic"), "{reason}"),
+        other => panic!("expected Err(Corrupted), got {other:?}"),
+    }
+    assert!(matches!(
+        store.claim(&scope(), "k2", fp()),
+        Err(Error::Halted { .. })
+    ));
+    drop(store);
+    disk.crash(CrashImage::Durable);
+    let store = open(&disk);
+    assert!(matches!(
+        store.get(&scope(), "k1").unwrap().unwrap().state,
+        crate::EntryState::InProgress { orphan: true, .. }
+    ));
+}
