@@ -152,6 +152,18 @@ impl Pipeline {
         }
     }
 
+    /// Returns once every op queued so far is durable.
+    ///
+    /// # Errors
+    /// As [`Pipeline::wait`].
+    pub(crate) fn flush(&self) -> Result<()> {
+        let next = self.state.lock().next;
+        match next.checked_sub(1) {
+            Some(last) => self.wait(Seq(last)),
+            None => Ok(()),
+        }
+    }
+
     /// A future that resolves once `seq` is durable, without blocking the thread that polls
     /// it: the flusher thread commits on its behalf.
     pub(crate) fn durable(self: &Arc<Self>, seq: Seq) -> Durable {

@@ -4,7 +4,7 @@
 //! `docs/format.md` documents every byte.
 
 use crate::error::{Error, Result};
-use crate::index::{Slot, SlotState};
+use crate::index::{Index, Slot, SlotState};
 use crate::record::{Record, RecordState};
 use crate::scope::display_scoped_key;
 use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
@@ -24,9 +24,10 @@ pub(crate) const FORMAT_KEY: &str = "format_version";
 /// after a reopen start above it.
 pub(crate) const FENCE_KEY: &str = "fence_reserved";
 
-/// The highest fence a store file may hold: far beyond any real use (2^62 claims at a million a
-/// second take 146,000 years), and far enough from `u64::MAX` that the counter never wraps.
-pub(crate) const MAX_FENCE: u64 = 1 << 62;
+/// The highest fence a store file may hold: far beyond any real use (2^61 claims at a million a
+/// second take 73,000 years), far enough from `u64::MAX` that the counter never wraps, and
+/// below 2^62, so the index packs its state bits above the fence.
+pub(crate) const MAX_FENCE: u64 = 1 << 61;
 
 /// Fences are reserved on disk in blocks of this many, so most batches need not touch `meta`.
 /// Unit tests use a tiny block so that they cross block boundaries.
@@ -63,8 +64,8 @@ pub(crate) struct Gone {
 impl Gone {
     pub(crate) fn of(slot: &Slot) -> Gone {
         Gone {
-            fence: slot.fence,
-            expiry: match slot.state {
+            fence: slot.fence(),
+            expiry: match slot.state() {
                 SlotState::Completed { expires_at, .. } => Some(expires_at),
                 SlotState::InProgress { .. } => None,
             },
@@ -148,13 +149,19 @@ fn lazy<'s, 't, K: redb::Key + 'static, V: redb::Value + 'static>(
     Ok(slot.as_mut().expect("just opened"))
 }
 
-/// What a scan of the file found: every record's slot and the fence to resume from.
+/// What a scan of the file found, besides the index it filled.
 pub(crate) struct Loaded {
-    pub(crate) slots: Vec<(Box<[u8]>, Slot)>,
     /// The highest fence any record or the reservation accounts for.
     pub(crate) high_fence: u64,
     /// The fence reservation on disk.
     pub(crate) reserved: u64,
+}
+
+/// How a scan ended.
+pub(crate) enum Scan {
+    Loaded(Loaded),
+    /// Two records' keys share an index hash: scan again into an index with fresh hash keys.
+    Collision,
 }
 
 /// Creates the tables of a new file, or checks the format of an existing one.
@@ -221,42 +228,64 @@ fn decode_at(fence: u64, value: &[u8]) -> Result<(&[u8], Record)> {
     Ok((key, record))
 }
 
-/// Reads every record, verifying each checksum. Every in-progress record becomes an orphan:
-/// its holder was a previous process.
+/// Reads every record into `index` (which must be empty), verifying each checksum. Every
+/// in-progress record becomes an orphan: its holder was a previous process.
 ///
 /// # Errors
 /// [`Error::Corrupted`] naming the first record that fails, because dropping it could repeat a
-/// payment.
-pub(crate) fn load(db: &Database) -> Result<Loaded> {
+/// payment, or naming a key that two records hold.
+pub(crate) fn load(db: &Database, index: &Index) -> Result<Scan> {
     let txn = db.begin_read()?;
     let records = txn.open_table(RECORDS)?;
     let meta = txn.open_table(META)?;
     let reserved = meta.get(FENCE_KEY)?.map_or(0, |v| v.value());
     let mut high_fence = reserved;
-    let mut slots = Vec::with_capacity(usize::try_from(records.len()?).unwrap_or(0));
+    index.reserve(usize::try_from(records.len()?).unwrap_or(0));
     for entry in records.iter()? {
         let (fence, value) = entry?;
         let (key, record) = decode_at(fence.value(), value.value())?;
         high_fence = high_fence.max(record.fence);
-        slots.push((key.into(), slot_of(&record, true)));
+        if high_fence > MAX_FENCE {
+            break;
+        }
+        let hash = index.hash(key);
+        let slot = slot_of(&record, index, true);
+        let Some(other) = index.lock(&hash).insert(hash, slot) else {
+            continue;
+        };
+        let other_key = match records.get(other.fence())? {
+            Some(v) => decode_at(other.fence(), v.value())?.0.to_vec(),
+            None => Vec::new(),
+        };
+        if other_key != key {
+            return Ok(Scan::Collision);
+        }
+        return Err(corrupted(
+            key,
+            format!(
+                "two records for one key (fences {} and {})",
+                other.fence(),
+                record.fence
+            ),
+        ));
     }
     if high_fence > MAX_FENCE {
         return Err(Error::Corrupted {
             key: "(fence counter)".into(),
             reason: format!(
-                "a fence of {high_fence} is beyond 2^62; no store issues that many claims, and \
+                "a fence of {high_fence} is beyond 2^61; no store issues that many claims, and \
                  resuming would wrap the counter and reissue fences"
             ),
         });
     }
-    Ok(Loaded {
-        slots,
+    Ok(Scan::Loaded(Loaded {
         high_fence,
         reserved,
-    })
+    }))
 }
 
-pub(crate) fn slot_of(record: &Record, orphan: bool) -> Slot {
+/// The index slot of `record`, as it is on disk (a completion there is durable).
+pub(crate) fn slot_of(record: &Record, index: &Index, orphan: bool) -> Slot {
     let state = match record.state {
         RecordState::InProgress { lease_until } => SlotState::InProgress {
             lease_until,
@@ -267,24 +296,33 @@ pub(crate) fn slot_of(record: &Record, orphan: bool) -> Slot {
             durable: true,
         },
     };
-    Slot {
-        fence: record.fence,
-        fingerprint: record.fingerprint(),
-        claimed_at: record.claimed_at,
-        state,
-    }
+    Slot::new(record.fence, index.tag(&record.fingerprint()), state)
 }
 
-/// Reads and verifies the record at `fence`; `None` if there is none, or if it belongs to
-/// another key (the caller's view is out of date).
-pub(crate) fn read(db: &Database, fence: u64, key: &[u8]) -> Result<Option<Record>> {
+/// Reads and verifies the record at `fence`, with the scoped key it carries; `None` if there
+/// is none.
+pub(crate) fn read_at(db: &Database, fence: u64) -> Result<Option<(Box<[u8]>, Record)>> {
+    Ok(read_many(db, [fence])?.pop().flatten())
+}
+
+/// [`read_at`] for each fence, in one read transaction: one snapshot of the file.
+pub(crate) fn read_many(
+    db: &Database,
+    fences: impl IntoIterator<Item = u64>,
+) -> Result<Vec<Option<(Box<[u8]>, Record)>>> {
     let txn = db.begin_read()?;
     let records = txn.open_table(RECORDS)?;
-    let Some(v) = records.get(fence)? else {
-        return Ok(None);
-    };
-    let (stored_key, record) = decode_at(fence, v.value())?;
-    Ok((stored_key == key).then_some(record))
+    let mut out = Vec::new();
+    for fence in fences {
+        out.push(match records.get(fence)? {
+            Some(v) => {
+                let (key, record) = decode_at(fence, v.value())?;
+                Some((key.into(), record))
+            }
+            None => None,
+        });
+    }
+    Ok(out)
 }
 
 /// An expiry entry: when, which record, which key.

@@ -6,7 +6,7 @@ use crate::clock::{duration_millis, from_millis};
 use crate::commit::Seq;
 use crate::disk::{self, Gone, Op};
 use crate::error::{Error, Result};
-use crate::index::{IndexKey, Slot, SlotState};
+use crate::index::{IndexKey, KeyHash, Slot, SlotState};
 use crate::record::{response_size, Record, RecordState};
 use crate::scope::split_scoped_key;
 use crate::stats::Counters;
@@ -55,42 +55,53 @@ impl Store {
         let inner = &*self.inner;
         inner.pipeline.check()?;
         let now = self.now();
-        let mut stale: Vec<(IndexKey, Slot)> = Vec::new();
+        let mut stale: Vec<(KeyHash, Slot)> = Vec::new();
         for stripe in inner.index.stripes() {
             stale.extend(
                 stripe
                     .iter()
-                    .filter(|(_, slot)| match slot.state {
+                    .filter(|(_, slot)| match slot.state() {
                         SlotState::InProgress {
                             lease_until,
                             orphan,
                         } => orphan || now >= lease_until,
                         SlotState::Completed { .. } => false,
                     })
-                    .map(|(k, slot)| (k.clone(), slot.clone())),
+                    .map(|(k, slot)| (*k, slot.clone())),
             );
         }
         let mut resolved = 0;
         let mut last: Option<Seq> = None;
         let mut failure = None;
         let mut completed = Vec::new();
-        for (key, slot) in stale {
+        // The index holds no keys: each claim's record names it. All are read in one snapshot
+        // before any resolver runs (a resolver may change them).
+        let records = disk::read_many(inner.pipeline.db(), stale.iter().map(|(_, s)| s.fence()))?;
+        for ((hash, slot), read) in stale.into_iter().zip(records) {
+            // Not on disk yet (its commit is still queued): the next reap offers it.
+            let Some((bytes, record)) = read else {
+                continue;
+            };
+            let key = IndexKey { hash, bytes };
+            if inner.index.hash(&key.bytes) != hash {
+                continue; // a hash collision: not this slot's record
+            }
             let Some((scope, key_str)) = split_scoped_key(&key.bytes) else {
                 continue;
             };
             let SlotState::InProgress {
                 lease_until,
                 orphan,
-            } = slot.state
+            } = slot.state()
             else {
                 continue;
             };
             let claim = StaleClaim {
                 scope,
                 key: key_str,
-                fence: slot.fence,
-                fingerprint: slot.fingerprint,
-                claimed_at: from_millis(slot.claimed_at),
+                fence: slot.fence(),
+                fingerprint: record.fingerprint(),
+                claimed_at: from_millis(record.claimed_at),
                 lease_deadline: from_millis(lease_until),
                 orphan,
             };
@@ -110,9 +121,9 @@ impl Store {
                     let now = self.now();
                     let expires_at = now.saturating_add(duration_millis(inner.config.ttl));
                     let record = Record {
-                        fence: slot.fence,
-                        fingerprint: *slot.fingerprint.as_bytes(),
-                        claimed_at: slot.claimed_at,
+                        fence: slot.fence(),
+                        fingerprint: record.fingerprint,
+                        claimed_at: record.claimed_at,
                         state: RecordState::Completed {
                             completed_at: now,
                             expires_at,
@@ -122,7 +133,7 @@ impl Store {
                     let value = record.encode(&key.bytes);
                     (
                         Op::Put {
-                            fence: slot.fence,
+                            fence: slot.fence(),
                             key: key.bytes.clone(),
                             value,
                             expiry: Some(expires_at),
@@ -135,23 +146,24 @@ impl Store {
                     )
                 }
             };
-            let mut stripe = inner.index.lock(&key);
+            let mut stripe = inner.index.lock(&key.hash);
             // Only the claim the resolver saw: same fence, still in progress, still stale.
-            let unchanged = stripe
-                .get(&key)
-                .is_some_and(|s| s.fence == slot.fence && s.state == slot.state);
+            let unchanged = stripe.get(&key.hash) == Some(&slot);
             if !unchanged {
                 continue;
             }
             last = Some(inner.pipeline.enqueue(op)?);
             match new_state {
                 None => {
-                    stripe.remove(&key);
+                    stripe.remove(&key.hash);
                 }
                 Some(state) => {
-                    stripe.get_mut(&key).expect("checked above").state = state;
+                    stripe
+                        .get_mut(&key.hash)
+                        .expect("checked above")
+                        .set_state(state);
                     drop(stripe);
-                    completed.push((key, slot.fence));
+                    completed.push((key, slot.fence()));
                 }
             }
             resolved += 1;
@@ -191,11 +203,11 @@ impl Store {
             after = due.last().map(|d| disk::expiry_key(d.expires_at, d.fence));
             let mut last = None;
             for d in due.iter() {
-                let key = inner.index.key(d.key.clone());
-                let mut stripe = inner.index.lock(&key);
-                let matches = stripe.get(&key).is_some_and(|s| {
-                    s.fence == d.fence
-                        && matches!(s.state, SlotState::Completed { expires_at, .. } if expires_at == d.expires_at)
+                let hash = inner.index.hash(&d.key);
+                let mut stripe = inner.index.lock(&hash);
+                let matches = stripe.get(&hash).is_some_and(|s| {
+                    s.fence() == d.fence
+                        && matches!(s.state(), SlotState::Completed { expires_at, .. } if expires_at == d.expires_at)
                 });
                 if !matches {
                     continue;
@@ -204,7 +216,7 @@ impl Store {
                     fence: d.fence,
                     expiry: Some(d.expires_at),
                 }))?);
-                stripe.remove(&key);
+                stripe.remove(&hash);
                 purged += 1;
             }
             if let Some(seq) = last {

@@ -9,9 +9,10 @@ use crate::disk::{self, Gone, Op};
 use crate::error::{Error, Result};
 use crate::fingerprint::Fingerprint;
 use crate::index::{Index, IndexKey, Slot, SlotState};
+use crate::record::RecordState as Stored;
 use crate::record::{response_size, Record, RecordState};
 use crate::response::Response;
-use crate::scope::{scoped_key, Scope};
+use crate::scope::{display_scoped_key, scoped_key, Scope};
 use crate::stats::{Counters, Stats};
 use crate::sync::{Arc, AtomicU64, Ordering};
 use std::path::Path;
@@ -113,21 +114,7 @@ impl Store {
 
     fn start(config: Config, db: redb::Database) -> Result<Store> {
         disk::initialise(&db)?;
-        let loaded = disk::load(&db)?;
-        let index = Index::new(config.stripes);
-        for (bytes, slot) in loaded.slots {
-            let key = index.key(bytes);
-            let fence = slot.fence;
-            if let Some(other) = index.lock(&key).insert(key.clone(), slot) {
-                return Err(Error::Corrupted {
-                    key: crate::scope::display_scoped_key(&key.bytes),
-                    reason: format!(
-                        "two records for one key (fences {} and {fence})",
-                        other.fence
-                    ),
-                });
-            }
-        }
+        let (index, loaded) = load_index(&config, &db)?;
         Ok(Store {
             inner: Arc::new(Inner {
                 index,
@@ -196,33 +183,28 @@ impl Store {
         let inner = &*self.inner;
         let c = &inner.counters;
         let now = self.now();
-        let mut stripe = inner.index.lock(key);
-        let (takeover, replaces) = match stripe.get(key) {
-            None => (None, None),
-            Some(slot) => match slot.state {
+        let tag = inner.index.tag(&fingerprint);
+        let stripe = inner.index.lock(&key.hash);
+        let replaces = match stripe.get(&key.hash) {
+            None => None,
+            Some(slot) => match slot.state() {
                 SlotState::Completed { expires_at, .. } if now >= expires_at => {
-                    (None, Some(Gone::of(slot)))
+                    Some(Gone::of(slot))
                 }
-                _ if slot.fingerprint != fingerprint => {
+                _ if slot.tag() != tag => {
                     Counters::bump(&c.mismatches, 1);
-                    let completed = matches!(slot.state, SlotState::Completed { .. });
+                    let completed = matches!(slot.state(), SlotState::Completed { .. });
                     return Ok(Attempt::Answer(Claim::Mismatch { completed }));
                 }
                 SlotState::Completed { durable: false, .. } => {
                     return Ok(Attempt::Answer(self.in_progress(Duration::ZERO)));
                 }
                 SlotState::Completed { durable: true, .. } => {
-                    let fence = slot.fence;
+                    let fence = slot.fence();
                     drop(stripe);
-                    return Ok(match self.replay(key, fence)? {
-                        Some(claim) => Attempt::Answer(claim),
-                        None => Attempt::Again,
-                    });
+                    return self.replay(key, fence, fingerprint);
                 }
-                SlotState::InProgress {
-                    lease_until,
-                    orphan,
-                } => {
+                SlotState::InProgress { lease_until, .. } => {
                     if now < lease_until {
                         let left = Duration::from_millis(lease_until - now);
                         return Ok(Attempt::Answer(self.in_progress(left)));
@@ -230,15 +212,27 @@ impl Store {
                     if inner.config.stale_policy == StalePolicy::Keep {
                         return Ok(Attempt::Answer(self.in_progress(Duration::ZERO)));
                     }
-                    let takeover = Takeover {
-                        previous_fence: slot.fence,
-                        previous_claimed_at: from_millis(slot.claimed_at),
-                        orphan,
-                    };
-                    (Some(takeover), Some(Gone::of(slot)))
+                    let seen = slot.clone();
+                    drop(stripe);
+                    return self.take_over(key, fingerprint, &seen);
                 }
             },
         };
+        self.acquire(key, fingerprint, stripe, None, replaces)
+    }
+
+    /// Queues a new claim of `key`; the stripe lock is held from the decision until the claim
+    /// is in the index and the queue.
+    fn acquire(
+        &self,
+        key: &IndexKey,
+        fingerprint: Fingerprint,
+        mut stripe: crate::sync::MutexGuard<'_, crate::index::Stripe>,
+        takeover: Option<Takeover>,
+        replaces: Option<Gone>,
+    ) -> Result<Attempt> {
+        let inner = &*self.inner;
+        let now = self.now();
         let fence = inner.next_fence.fetch_add(1, Ordering::Relaxed);
         let lease_until = now.saturating_add(duration_millis(inner.config.lease));
         let record = Record {
@@ -254,7 +248,7 @@ impl Store {
             expiry: None,
             replaces,
         })?;
-        stripe.insert(key.clone(), crate::disk::slot_of(&record, false));
+        stripe.insert(key.hash, disk::slot_of(&record, &inner.index, false));
         drop(stripe);
         let ticket = Ticket {
             store: inner.id,
@@ -266,6 +260,38 @@ impl Store {
             takeover,
         };
         Ok(Attempt::Queued(seq, ticket))
+    }
+
+    /// Takes over the stale claim `seen`. Its record is read first, with no lock held: it is
+    /// the proof that the claim is this key's, the full fingerprint to compare, and the claim
+    /// time the new ticket reports. If the claim changed meanwhile, the caller looks again.
+    fn take_over(&self, key: &IndexKey, fingerprint: Fingerprint, seen: &Slot) -> Result<Attempt> {
+        let Some(previous) = self.record_at(key, seen.fence())? else {
+            return Ok(Attempt::Again);
+        };
+        if previous.fingerprint() != fingerprint {
+            Counters::bump(&self.inner.counters.mismatches, 1);
+            return Ok(Attempt::Answer(Claim::Mismatch { completed: false }));
+        }
+        let stripe = self.inner.index.lock(&key.hash);
+        if stripe.get(&key.hash) != Some(seen) {
+            return Ok(Attempt::Again);
+        }
+        let SlotState::InProgress { orphan, .. } = seen.state() else {
+            unreachable!("only an in-progress claim is taken over")
+        };
+        let takeover = Takeover {
+            previous_fence: seen.fence(),
+            previous_claimed_at: from_millis(previous.claimed_at),
+            orphan,
+        };
+        self.acquire(
+            key,
+            fingerprint,
+            stripe,
+            Some(takeover),
+            Some(Gone::of(seen)),
+        )
     }
 
     /// An `InProgress` answer. `lease_remaining` is zero when no live lease bounds the wait (a
@@ -285,42 +311,68 @@ impl Store {
         }
     }
 
-    /// Reads a completed record's response. The index said `fence` is completed and durable;
-    /// if the disk now holds another record (expired and re-claimed meanwhile) the claim looks
-    /// again.
-    fn replay(&self, key: &IndexKey, fence: u64) -> Result<Option<Claim>> {
-        let response = self.stored_response(key, fence)?;
-        if response.is_some() {
-            Counters::bump(&self.inner.counters.replays, 1);
-        }
-        Ok(response.map(Claim::Replay))
+    /// Reads a completed record's response. The index said `fence` is completed and durable
+    /// and its fingerprint tag matched; the full fingerprint is compared here. If the disk now
+    /// holds another record (expired and re-claimed meanwhile) the claim looks again.
+    fn replay(&self, key: &IndexKey, fence: u64, fingerprint: Fingerprint) -> Result<Attempt> {
+        let c = &self.inner.counters;
+        Ok(match self.record_at(key, fence)? {
+            Some(record) if record.fingerprint() != fingerprint => {
+                Counters::bump(&c.mismatches, 1);
+                Attempt::Answer(Claim::Mismatch { completed: true })
+            }
+            Some(Record {
+                state: Stored::Completed { response, .. },
+                ..
+            }) => {
+                Counters::bump(&c.replays, 1);
+                Attempt::Answer(Claim::Replay(response.into()))
+            }
+            _ => Attempt::Again,
+        })
     }
 
-    /// The response of the completed record at `fence`, read from the file; `None` if the
-    /// index moved on meanwhile (the key expired and was claimed again), so the caller looks
-    /// again.
+    /// The record the index has for `key` at `fence`, read from the file with no lock held;
+    /// `None` if the index moved on meanwhile (the record was replaced or deleted).
     ///
     /// # Errors
-    /// [`Error::Corrupted`] if the index still holds that completed record but the file does
-    /// not: the file changed under the store, and looking again would spin forever.
-    fn stored_response(&self, key: &IndexKey, fence: u64) -> Result<Option<Response>> {
-        if let Some(Record {
-            state: RecordState::Completed { response, .. },
-            ..
-        }) = disk::read(self.inner.pipeline.db(), fence, &key.bytes)?
-        {
-            return Ok(Some(response.into()));
+    /// [`Error::Corrupted`] if the record is another key's (a damaged file, or a 128-bit hash
+    /// collision: either way no response crosses keys), or if the index still points at
+    /// `fence` but the file has no record there even after every queued write landed (looking
+    /// again would spin forever).
+    fn record_at(&self, key: &IndexKey, fence: u64) -> Result<Option<Record>> {
+        let inner = &*self.inner;
+        for first in [true, false] {
+            match disk::read_at(inner.pipeline.db(), fence)? {
+                Some((stored, record)) if stored == key.bytes => return Ok(Some(record)),
+                Some((stored, _)) => {
+                    return Err(Error::Corrupted {
+                        key: display_scoped_key(&key.bytes),
+                        reason: format!(
+                            "the index points this key at fence {fence}, whose record is {}'s",
+                            display_scoped_key(&stored)
+                        ),
+                    })
+                }
+                None => {}
+            }
+            let unchanged = inner
+                .index
+                .lock(&key.hash)
+                .get(&key.hash)
+                .is_some_and(|slot| slot.fence() == fence);
+            if !unchanged {
+                return Ok(None);
+            }
+            if first {
+                // A claim's record may still be queued: let every queued write land.
+                inner.pipeline.flush()?;
+            }
         }
-        let unchanged = self.inner.index.lock(key).get(key).is_some_and(|slot| {
-            slot.fence == fence && matches!(slot.state, SlotState::Completed { durable: true, .. })
-        });
-        if unchanged {
-            return Err(Error::Corrupted {
-                key: crate::scope::display_scoped_key(&key.bytes),
-                reason: format!("completed record at fence {fence} is missing from the file"),
-            });
-        }
-        Ok(None)
+        Err(Error::Corrupted {
+            key: display_scoped_key(&key.bytes),
+            reason: format!("the record at fence {fence} is missing from the file"),
+        })
     }
 
     /// Stores `response` for the ticket's key and ends the claim: every later claim with the
@@ -375,7 +427,7 @@ impl Store {
         };
         let value = record.encode(&ticket.key.bytes);
         let seq = {
-            let mut stripe = inner.index.lock(&ticket.key);
+            let mut stripe = inner.index.lock(&ticket.key.hash);
             let slot = self.held(&mut stripe, &ticket)?;
             let seq = inner.pipeline.enqueue(Op::Put {
                 fence: ticket.fence,
@@ -384,10 +436,10 @@ impl Store {
                 expiry: Some(expires_at),
                 replaces: None,
             })?;
-            slot.state = SlotState::Completed {
+            slot.set_state(SlotState::Completed {
                 expires_at,
                 durable: false,
-            };
+            });
             seq
         };
         Ok((seq, ticket))
@@ -419,10 +471,10 @@ impl Store {
     pub(crate) fn release_start(&self, ticket: &Ticket) -> Result<Seq> {
         let inner = &*self.inner;
         inner.pipeline.check()?;
-        let mut stripe = inner.index.lock(&ticket.key);
+        let mut stripe = inner.index.lock(&ticket.key.hash);
         let gone = Gone::of(self.held(&mut stripe, ticket)?);
         let seq = inner.pipeline.enqueue(Op::Delete(gone))?;
-        stripe.remove(&ticket.key);
+        stripe.remove(&ticket.key.hash);
         Ok(seq)
     }
 
@@ -451,7 +503,7 @@ impl Store {
             state: RecordState::InProgress { lease_until },
         };
         let seq = {
-            let mut stripe = inner.index.lock(&ticket.key);
+            let mut stripe = inner.index.lock(&ticket.key.hash);
             let slot = self.held(&mut stripe, ticket)?;
             let seq = inner.pipeline.enqueue(Op::Put {
                 fence: ticket.fence,
@@ -460,10 +512,10 @@ impl Store {
                 expiry: None,
                 replaces: None,
             })?;
-            slot.state = SlotState::InProgress {
+            slot.set_state(SlotState::InProgress {
                 lease_until,
                 orphan: false,
-            };
+            });
             seq
         };
         Ok((seq, lease_until))
@@ -471,13 +523,13 @@ impl Store {
 
     /// Lets claims replay a completion once its batch is fsynced.
     pub(crate) fn mark_durable(&self, key: &IndexKey, fence: u64) {
-        if let Some(slot) = self.inner.index.lock(key).get_mut(key) {
-            if let SlotState::Completed { expires_at, .. } = slot.state {
-                if slot.fence == fence {
-                    slot.state = SlotState::Completed {
+        if let Some(slot) = self.inner.index.lock(&key.hash).get_mut(&key.hash) {
+            if let SlotState::Completed { expires_at, .. } = slot.state() {
+                if slot.fence() == fence {
+                    slot.set_state(SlotState::Completed {
                         expires_at,
                         durable: true,
-                    };
+                    });
                 }
             }
         }
@@ -495,10 +547,10 @@ impl Store {
         if ticket.store != self.inner.id {
             return Err(lost);
         }
-        match stripe.get_mut(&ticket.key) {
+        match stripe.get_mut(&ticket.key.hash) {
             Some(slot)
-                if slot.fence == ticket.fence
-                    && matches!(slot.state, SlotState::InProgress { .. }) =>
+                if slot.fence() == ticket.fence
+                    && matches!(slot.state(), SlotState::InProgress { .. }) =>
             {
                 Ok(slot)
             }
@@ -521,42 +573,47 @@ impl Store {
         let key = inner.index.key(scoped_key(scope, key)?);
         loop {
             let now = self.now();
-            let Some(slot) = inner.index.lock(&key).get(&key).cloned() else {
+            let Some(slot) = inner.index.lock(&key.hash).get(&key.hash).cloned() else {
                 return Ok(None);
             };
-            let state = match slot.state {
-                SlotState::Completed { expires_at, .. } if now >= expires_at => return Ok(None),
-                SlotState::InProgress {
-                    lease_until,
-                    orphan,
-                } => EntryState::InProgress {
+            if let SlotState::Completed { expires_at, .. } = slot.state() {
+                if now >= expires_at {
+                    return Ok(None);
+                }
+            }
+            let Some(record) = self.record_at(&key, slot.fence())? else {
+                continue;
+            };
+            let (fingerprint, claimed_at) = (record.fingerprint(), record.claimed_at);
+            let state = match (slot.state(), record.state) {
+                (
+                    SlotState::InProgress {
+                        lease_until,
+                        orphan,
+                    },
+                    _,
+                ) => EntryState::InProgress {
                     lease_deadline: from_millis(lease_until),
                     orphan,
                 },
-                SlotState::Completed {
-                    expires_at,
-                    durable,
-                } => {
-                    if !durable {
-                        EntryState::InProgress {
-                            lease_deadline: from_millis(now),
-                            orphan: false,
-                        }
-                    } else {
-                        match self.stored_response(&key, slot.fence)? {
-                            Some(response) => EntryState::Completed {
-                                expires_at: from_millis(expires_at),
-                                response,
-                            },
-                            None => continue,
-                        }
+                (SlotState::Completed { durable: false, .. }, _) => EntryState::InProgress {
+                    lease_deadline: from_millis(now),
+                    orphan: false,
+                },
+                (SlotState::Completed { expires_at, .. }, Stored::Completed { response, .. }) => {
+                    EntryState::Completed {
+                        expires_at: from_millis(expires_at),
+                        response: response.into(),
                     }
                 }
+                // Completed in the index, still in progress in the file: the completion's
+                // write landed between the two reads. Look again.
+                (SlotState::Completed { .. }, Stored::InProgress { .. }) => continue,
             };
             return Ok(Some(Entry {
-                fence: slot.fence,
-                fingerprint: slot.fingerprint,
-                claimed_at: from_millis(slot.claimed_at),
+                fence: slot.fence(),
+                fingerprint,
+                claimed_at: from_millis(claimed_at),
                 state,
             }));
         }
@@ -567,6 +624,26 @@ impl Store {
         let inner = &*self.inner;
         let live = u64::try_from(inner.index.len()).unwrap_or(u64::MAX);
         inner.counters.snapshot(inner.pipeline.batches(), live)
+    }
+}
+
+/// Builds the index from the file. Two records whose keys share a 128-bit hash (about 10⁻²⁵ at
+/// ten million keys) make the scan start again with fresh random hash keys.
+fn load_index(config: &Config, db: &redb::Database) -> Result<(Index, disk::Loaded)> {
+    let mut attempts = 0;
+    loop {
+        let index = Index::new(config.stripes);
+        match disk::load(db, &index)? {
+            disk::Scan::Loaded(loaded) => return Ok((index, loaded)),
+            disk::Scan::Collision if attempts < 3 => attempts += 1,
+            disk::Scan::Collision => {
+                return Err(Error::Corrupted {
+                    key: "(index)".into(),
+                    reason: "two records' keys share an index hash under every hash key tried"
+                        .into(),
+                })
+            }
+        }
     }
 }
 

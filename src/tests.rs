@@ -179,17 +179,17 @@ fn replay_of_a_record_missing_from_the_file_is_corruption_not_a_hang() {
         .inner
         .index
         .key(crate::scope::scoped_key(&scope(), "ghost").unwrap());
-    store.inner.index.lock(&key).insert(
-        key.clone(),
-        Slot {
-            fence: 999,
-            fingerprint: fp(),
-            claimed_at: 0,
-            state: SlotState::Completed {
+    let tag = store.inner.index.tag(&fp());
+    store.inner.index.lock(&key.hash).insert(
+        key.hash,
+        Slot::new(
+            999,
+            tag,
+            SlotState::Completed {
                 expires_at: u64::MAX,
                 durable: true,
             },
-        },
+        ),
     );
     match store.claim(&scope(), "ghost", fp()) {
         Err(Error::Corrupted { key, reason }) => {
