@@ -36,7 +36,6 @@
 use criterion::{criterion_main, BatchSize, BenchmarkId, Criterion, SamplingMode, Throughput};
 use idemdb::{Claim, Fingerprint, Response, Scope, Stats, Store};
 use redb::{ReadableTable, TableDefinition};
-use std::path::PathBuf;
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 use tempfile::TempDir;

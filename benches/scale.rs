@@ -18,6 +18,9 @@
 //! 4. **purge**: a child process opens the file with a clock 25 hours ahead and purges every
 //!    expired record; reported as records/s.
 //! 5. **file bytes per live key**: the file's size after the preload and the claims.
+//!
+//! `IDEMDB_SCALE_KEEP=1` keeps each store file (its path is printed, and the purge is skipped)
+//! for profiling; `IDEMDB_SCALE_OPEN=<file>` only measures opening that file.
 
 use idemdb::{Claim, Fingerprint, ManualClock, Response, Scope, Store};
 use std::path::Path;
@@ -39,6 +42,16 @@ const CHILD_ENV: &str = "IDEMDB_SCALE_CHILD";
 fn main() {
     if let Ok(spec) = std::env::var(CHILD_ENV) {
         child(&spec);
+        return;
+    }
+    if let Some(path) = std::env::var_os("IDEMDB_SCALE_OPEN") {
+        let opened = run_child("open", Path::new(&path));
+        println!(
+            "opened {} records in {:.3} s; resident {:.1} bytes per record",
+            opened[3],
+            opened[0],
+            (opened[2] - opened[1]) / opened[3]
+        );
         return;
     }
     let sizes: Vec<u64> = std::env::var("IDEMDB_SCALE_KEYS")
@@ -112,14 +125,21 @@ fn measure(n: u64, seconds: Duration) -> Row {
     let (open_secs, rss_before, rss_after, reopened_live) =
         (opened[0], opened[1], opened[2], opened[3]);
     assert_eq!(
-        reopened_live as u64, live,
+        reopened_live, live as f64,
         "the reopened store lost records"
     );
-    let purged = run_child("purge", &path);
-    assert_eq!(
-        purged[0] as u64, n,
-        "purge removed another number of records"
-    );
+    let purged = if std::env::var_os("IDEMDB_SCALE_KEEP").is_some() {
+        let kept = dir.keep();
+        eprintln!("kept {}", kept.join("scale.idem").display());
+        vec![f64::NAN, 1.0]
+    } else {
+        let purged = run_child("purge", &path);
+        assert_eq!(
+            purged[0], n as f64,
+            "purge removed another number of records"
+        );
+        purged
+    };
     Row {
         live,
         preload_rate,

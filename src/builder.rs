@@ -24,6 +24,11 @@ pub enum StalePolicy {
     Keep,
 }
 
+/// redb's page cache: enough for the interior pages of a store with tens of millions of
+/// records, which every lookup touches. Leaf pages are read once (at open) or rarely (a replay),
+/// and the operating system's page cache keeps the hot ones anyway.
+const DEFAULT_CACHE_BYTES: usize = 64 << 20;
+
 /// Settings the store runs with.
 #[derive(Debug, Clone)]
 pub(crate) struct Config {
@@ -33,6 +38,7 @@ pub(crate) struct Config {
     pub(crate) stale_policy: StalePolicy,
     pub(crate) max_response_bytes: usize,
     pub(crate) stripes: usize,
+    pub(crate) cache_bytes: usize,
     pub(crate) clock: Arc<dyn Clock>,
 }
 
@@ -64,6 +70,7 @@ impl Default for StoreBuilder {
                 stale_policy: StalePolicy::TakeOver,
                 max_response_bytes: 1 << 20,
                 stripes: 64,
+                cache_bytes: DEFAULT_CACHE_BYTES,
                 clock: Arc::new(SystemClock),
             },
         }
@@ -133,6 +140,14 @@ impl StoreBuilder {
             "stripes must be a power of two up to 65536"
         );
         self.config.stripes = stripes;
+        self
+    }
+
+    /// The memory redb may use to cache file pages. Default: 64 MiB (redb's own default is
+    /// 1 GiB, which the open's scan of every record would fill). The index, about 70 bytes per
+    /// live key, is separate; `docs/performance.md` has the measured figures.
+    pub fn cache_size(mut self, bytes: usize) -> Self {
+        self.config.cache_bytes = bytes;
         self
     }
 

@@ -5,7 +5,7 @@
 
 use crate::error::{Error, Result};
 use crate::index::{Index, Slot, SlotState};
-use crate::record::{Record, RecordState};
+use crate::record::{Head, HeadState, Record, RecordState};
 use crate::scope::display_scoped_key;
 use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
 
@@ -198,34 +198,49 @@ fn corrupted(key: &[u8], reason: impl ToString) -> Error {
 
 /// Decodes and verifies the record stored at `fence`.
 fn decode_at(fence: u64, value: &[u8]) -> Result<(&[u8], Record)> {
-    let (key, record) = Record::decode(value).map_err(|e| {
-        let key = Record::unverified_key(value)
-            .and_then(crate::scope::split_scoped_key)
-            .map_or_else(
-                || format!("at fence {fence}"),
-                |(scope, key)| {
-                    format!(
-                        "{:?}/{:?}/{key} (at fence {fence}; key read from the damaged record)",
-                        scope.tenant(),
-                        scope.endpoint()
-                    )
-                },
-            );
-        Error::Corrupted {
-            key,
-            reason: e.to_string(),
-        }
-    })?;
-    if record.fence != fence {
+    let (key, record) = Record::decode(value).map_err(|e| damaged(fence, value, e))?;
+    check_place(fence, key, record.fence)?;
+    Ok((key, record))
+}
+
+/// Decodes and verifies the head of the record stored at `fence`.
+fn decode_head_at(fence: u64, value: &[u8]) -> Result<(&[u8], Head)> {
+    let (key, head) = Record::decode_head(value).map_err(|e| damaged(fence, value, e))?;
+    check_place(fence, key, head.fence)?;
+    Ok((key, head))
+}
+
+fn damaged(fence: u64, value: &[u8], e: crate::record::DecodeFailure) -> Error {
+    let key = Record::unverified_key(value)
+        .and_then(crate::scope::split_scoped_key)
+        .map_or_else(
+            || format!("at fence {fence}"),
+            |(scope, key)| {
+                format!(
+                    "{:?}/{:?}/{key} (at fence {fence}; key read from the damaged record)",
+                    scope.tenant(),
+                    scope.endpoint()
+                )
+            },
+        );
+    Error::Corrupted {
+        key,
+        reason: e.to_string(),
+    }
+}
+
+/// A record must sit at its own fence and carry a valid scoped key.
+fn check_place(fence: u64, key: &[u8], record_fence: u64) -> Result<()> {
+    if record_fence != fence {
         return Err(corrupted(
             key,
-            format!("record of fence {} stored at fence {fence}", record.fence),
+            format!("record of fence {record_fence} stored at fence {fence}"),
         ));
     }
     if crate::scope::split_scoped_key(key).is_none() {
         return Err(corrupted(key, "the key is not a valid scoped key"));
     }
-    Ok((key, record))
+    Ok(())
 }
 
 /// Reads every record into `index` (which must be empty), verifying each checksum. Every
@@ -237,37 +252,47 @@ fn decode_at(fence: u64, value: &[u8]) -> Result<(&[u8], Record)> {
 pub(crate) fn load(db: &Database, index: &Index) -> Result<Scan> {
     let txn = db.begin_read()?;
     let records = txn.open_table(RECORDS)?;
-    let meta = txn.open_table(META)?;
-    let reserved = meta.get(FENCE_KEY)?.map_or(0, |v| v.value());
+    let reserved = txn
+        .open_table(META)?
+        .get(FENCE_KEY)?
+        .map_or(0, |v| v.value());
+    let count = records.len()?;
+    index.reserve(usize::try_from(count).unwrap_or(0));
+    let first = records.first()?.map_or(0, |(k, _)| k.value());
+    let last = records.last()?.map_or(0, |(k, _)| k.value());
+    let parts = if count < PARALLEL_SCAN_MIN {
+        1
+    } else {
+        std::thread::available_parallelism().map_or(1, |n| n.get().min(MAX_SCAN_THREADS))
+    };
+    // Split the fence range evenly; fences are dense enough that the parts are similar.
+    let bounds: Vec<u64> = (0..parts)
+        .map(|i| {
+            let offset = u128::from(last - first) * i as u128 / parts as u128;
+            first + u64::try_from(offset).expect("an offset within the fence range")
+        })
+        .collect();
+    let scanned: Vec<Result<Option<u64>>> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..parts)
+            .map(|i| {
+                let (records, start, end) = (&records, bounds[i], bounds.get(i + 1).copied());
+                s.spawn(move || scan(records, index, start, end))
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|w| {
+                w.join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+            })
+            .collect()
+    });
     let mut high_fence = reserved;
-    index.reserve(usize::try_from(records.len()?).unwrap_or(0));
-    for entry in records.iter()? {
-        let (fence, value) = entry?;
-        let (key, record) = decode_at(fence.value(), value.value())?;
-        high_fence = high_fence.max(record.fence);
-        if high_fence > MAX_FENCE {
-            break;
+    for part in scanned {
+        match part? {
+            Some(high) => high_fence = high_fence.max(high),
+            None => return Ok(Scan::Collision),
         }
-        let hash = index.hash(key);
-        let slot = slot_of(&record, index, true);
-        let Some(other) = index.lock(&hash).insert(hash, slot) else {
-            continue;
-        };
-        let other_key = match records.get(other.fence())? {
-            Some(v) => decode_at(other.fence(), v.value())?.0.to_vec(),
-            None => Vec::new(),
-        };
-        if other_key != key {
-            return Ok(Scan::Collision);
-        }
-        return Err(corrupted(
-            key,
-            format!(
-                "two records for one key (fences {} and {})",
-                other.fence(),
-                record.fence
-            ),
-        ));
     }
     if high_fence > MAX_FENCE {
         return Err(Error::Corrupted {
@@ -282,6 +307,75 @@ pub(crate) fn load(db: &Database, index: &Index) -> Result<Scan> {
         high_fence,
         reserved,
     }))
+}
+
+/// Below this many records the open scans on one thread. Unit tests use a tiny threshold so
+/// that their reopens take the parallel path.
+const PARALLEL_SCAN_MIN: u64 = if cfg!(test) { 4 } else { 1 << 16 };
+/// The open scans with at most this many threads (one per core).
+const MAX_SCAN_THREADS: usize = 4;
+
+/// Loads the records with fences in `start..end` (`start..` for `None`) into `index`. Returns
+/// the highest fence seen (stopping early at one beyond [`MAX_FENCE`]), or `None` if two keys
+/// share a hash.
+fn scan(
+    records: &redb::ReadOnlyTable<u64, &'static [u8]>,
+    index: &Index,
+    start: u64,
+    end: Option<u64>,
+) -> Result<Option<u64>> {
+    let range = match end {
+        Some(end) => records.range(start..end)?,
+        None => records.range(start..)?,
+    };
+    let mut high_fence = 0;
+    for entry in range {
+        let (fence, value) = entry?;
+        let (key, head) = decode_head_at(fence.value(), value.value())?;
+        high_fence = high_fence.max(head.fence);
+        if high_fence > MAX_FENCE {
+            break;
+        }
+        let hash = index.hash(key);
+        let slot = slot_of_head(&head, index);
+        let Some(other) = index.lock(&hash).insert(hash, slot) else {
+            continue;
+        };
+        let other_key = match records.get(other.fence())? {
+            Some(v) => decode_at(other.fence(), v.value())?.0.to_vec(),
+            None => Vec::new(),
+        };
+        if other_key != key {
+            return Ok(None);
+        }
+        return Err(corrupted(
+            key,
+            format!(
+                "two records for one key (fences {} and {})",
+                other.fence(),
+                head.fence
+            ),
+        ));
+    }
+    Ok(Some(high_fence))
+}
+
+/// The index slot of a record found by the open: an in-progress claim is an orphan.
+fn slot_of_head(head: &Head, index: &Index) -> Slot {
+    let state = match head.state {
+        HeadState::InProgress { lease_until } => SlotState::InProgress {
+            lease_until,
+            orphan: true,
+        },
+        HeadState::Completed { expires_at, .. } => SlotState::Completed {
+            expires_at,
+            durable: true,
+        },
+    };
+    let tag = index.tag(&crate::fingerprint::Fingerprint::from_bytes(
+        head.fingerprint,
+    ));
+    Slot::new(head.fence, tag, state)
 }
 
 /// The index slot of `record`, as it is on disk (a completion there is durable).
@@ -299,9 +393,12 @@ pub(crate) fn slot_of(record: &Record, index: &Index, orphan: bool) -> Slot {
     Slot::new(record.fence, index.tag(&record.fingerprint()), state)
 }
 
+/// A record with the scoped key it carries.
+pub(crate) type Keyed = (Box<[u8]>, Record);
+
 /// Reads and verifies the record at `fence`, with the scoped key it carries; `None` if there
 /// is none.
-pub(crate) fn read_at(db: &Database, fence: u64) -> Result<Option<(Box<[u8]>, Record)>> {
+pub(crate) fn read_at(db: &Database, fence: u64) -> Result<Option<Keyed>> {
     Ok(read_many(db, [fence])?.pop().flatten())
 }
 
@@ -309,7 +406,7 @@ pub(crate) fn read_at(db: &Database, fence: u64) -> Result<Option<(Box<[u8]>, Re
 pub(crate) fn read_many(
     db: &Database,
     fences: impl IntoIterator<Item = u64>,
-) -> Result<Vec<Option<(Box<[u8]>, Record)>>> {
+) -> Result<Vec<Option<Keyed>>> {
     let txn = db.begin_read()?;
     let records = txn.open_table(RECORDS)?;
     let mut out = Vec::new();

@@ -53,6 +53,23 @@ pub(crate) enum RecordState {
     },
 }
 
+/// The fixed-size front of a record: everything the index needs, decoded without touching the
+/// response. Its fields are laid out exactly as [`Record`]'s first fields.
+#[derive(Debug, Clone, PartialEq, Eq, Decode)]
+pub(crate) struct Head {
+    pub(crate) fence: u64,
+    pub(crate) fingerprint: [u8; 32],
+    pub(crate) claimed_at: u64,
+    pub(crate) state: HeadState,
+}
+
+/// [`RecordState`]'s variants, up to the response.
+#[derive(Debug, Clone, PartialEq, Eq, Decode)]
+pub(crate) enum HeadState {
+    InProgress { lease_until: u64 },
+    Completed { completed_at: u64, expires_at: u64 },
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
 pub(crate) struct StoredResponse {
     pub(crate) status: u16,
@@ -131,6 +148,30 @@ impl Record {
 
     /// Verifies and decodes a stored value into its scoped key and record.
     pub(crate) fn decode(value: &[u8]) -> Result<(&[u8], Record), DecodeFailure> {
+        let (key, body) = Record::frame(value)?;
+        let (record, used) = bincode::decode_from_slice::<Record, _>(body, CONFIG)
+            .map_err(|e| DecodeFailure::Body(e.to_string()))?;
+        if used != body.len() {
+            return Err(DecodeFailure::Body(format!(
+                "{} trailing bytes",
+                body.len() - used
+            )));
+        }
+        Ok((key, record))
+    }
+
+    /// Verifies a stored value's checksum and decodes its scoped key and [`Head`], leaving the
+    /// response undecoded: what the open needs of every record. A response that does not decode
+    /// despite a good checksum (which only a bug could write) is reported when it is read.
+    pub(crate) fn decode_head(value: &[u8]) -> Result<(&[u8], Head), DecodeFailure> {
+        let (key, body) = Record::frame(value)?;
+        let (head, _) = bincode::decode_from_slice::<Head, _>(body, CONFIG)
+            .map_err(|e| DecodeFailure::Body(e.to_string()))?;
+        Ok((key, head))
+    }
+
+    /// Checks the checksum and the format byte, and splits the key from the body.
+    fn frame(value: &[u8]) -> Result<(&[u8], &[u8]), DecodeFailure> {
         let Some(split) = value.len().checked_sub(4).filter(|&n| n >= 3) else {
             return Err(DecodeFailure::TooShort);
         };
@@ -144,18 +185,9 @@ impl Record {
             return Err(DecodeFailure::Format(payload[0]));
         }
         let len = usize::from(u16::from_le_bytes([payload[1], payload[2]]));
-        let Some((key, body)) = payload[3..].split_at_checked(len) else {
-            return Err(DecodeFailure::TooShort);
-        };
-        let (record, used) = bincode::decode_from_slice::<Record, _>(body, CONFIG)
-            .map_err(|e| DecodeFailure::Body(e.to_string()))?;
-        if used != body.len() {
-            return Err(DecodeFailure::Body(format!(
-                "{} trailing bytes",
-                body.len() - used
-            )));
-        }
-        Ok((key, record))
+        payload[3..]
+            .split_at_checked(len)
+            .ok_or(DecodeFailure::TooShort)
     }
 }
 
@@ -172,6 +204,58 @@ pub(crate) fn response_size(r: &Response) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The open decodes only the head; it must read the same fields as the full decode.
+    #[test]
+    fn the_head_decodes_the_same_fields_as_the_record() {
+        let completed = Record {
+            fence: 77,
+            fingerprint: [9; 32],
+            claimed_at: 1_000,
+            state: RecordState::Completed {
+                completed_at: 2_000,
+                expires_at: 3_000,
+                response: StoredResponse {
+                    status: 201,
+                    headers: vec![("a".into(), b"b".to_vec())],
+                    body: b"body".to_vec(),
+                },
+            },
+        };
+        let in_progress = Record {
+            state: RecordState::InProgress { lease_until: 5_000 },
+            ..completed.clone()
+        };
+        for (record, state) in [
+            (
+                completed,
+                HeadState::Completed {
+                    completed_at: 2_000,
+                    expires_at: 3_000,
+                },
+            ),
+            (in_progress, HeadState::InProgress { lease_until: 5_000 }),
+        ] {
+            let value = record.encode(b"k");
+            let (key, head) = Record::decode_head(&value).unwrap();
+            assert_eq!(key, b"k");
+            assert_eq!(
+                head,
+                Head {
+                    fence: 77,
+                    fingerprint: [9; 32],
+                    claimed_at: 1_000,
+                    state,
+                }
+            );
+            let mut damaged = value.clone();
+            damaged[5] ^= 1;
+            assert!(matches!(
+                Record::decode_head(&damaged),
+                Err(DecodeFailure::Checksum { .. })
+            ));
+        }
+    }
 
     fn completed() -> Record {
         Record {

@@ -98,7 +98,12 @@ impl Store {
         if !path.try_exists()? {
             create_atomically(path)?;
         }
-        contain_panics(|| Store::start(config, redb::Builder::new().create(path)?))
+        contain_panics(|| {
+            let db = redb::Builder::new()
+                .set_cache_size(config.cache_bytes)
+                .create(path)?;
+            Store::start(config, db)
+        })
     }
 
     pub(crate) fn in_memory_with(config: Config) -> Result<Store> {
@@ -109,7 +114,12 @@ impl Store {
         config: Config,
         backend: impl redb::StorageBackend,
     ) -> Result<Store> {
-        contain_panics(|| Store::start(config, redb::Builder::new().create_with_backend(backend)?))
+        contain_panics(|| {
+            let db = redb::Builder::new()
+                .set_cache_size(config.cache_bytes)
+                .create_with_backend(backend)?;
+            Store::start(config, db)
+        })
     }
 
     fn start(config: Config, db: redb::Database) -> Result<Store> {

@@ -296,3 +296,51 @@ fn a_panic_inside_a_commit_fails_the_call_and_halts_the_store() {
         crate::EntryState::InProgress { orphan: true, .. }
     ));
 }
+
+/// The open splits the file into fence ranges scanned by one thread each (unit tests lower the
+/// threshold to four records): every record must land in the index exactly once, in its state,
+/// and the fence counter must resume above all of them.
+#[test]
+fn a_parallel_open_loads_every_record_in_its_state() {
+    use crate::EntryState;
+    let disk = SimDisk::new();
+    let store = open(&disk);
+    let mut fences = Vec::new();
+    for i in 0..200 {
+        let ticket = acquire(&store, &format!("k{i}"));
+        fences.push(ticket.fence());
+        match i % 4 {
+            0 => store.release(ticket).unwrap(),
+            1 => store
+                .complete(ticket, Response::new(200, format!("r{i}")))
+                .unwrap(),
+            _ => drop(ticket),
+        }
+    }
+    drop(store);
+    let store = open(&disk);
+    assert_eq!(store.stats().live_records, 150);
+    for (i, &fence) in fences.iter().enumerate() {
+        let entry = store.get(&scope(), &format!("k{i}")).unwrap();
+        match (i % 4, entry) {
+            (0, None) => {}
+            (1, Some(e)) => {
+                assert_eq!(e.fence, fence);
+                let EntryState::Completed { response, .. } = e.state else {
+                    panic!("k{i}: {:?}", e.state)
+                };
+                assert_eq!(response.body(), format!("r{i}").as_bytes());
+            }
+            (_, Some(e)) => {
+                assert_eq!(e.fence, fence);
+                assert!(matches!(
+                    e.state,
+                    EntryState::InProgress { orphan: true, .. }
+                ));
+            }
+            (_, other) => panic!("k{i}: {other:?}"),
+        }
+    }
+    let next = acquire(&store, "after");
+    assert!(next.fence() > *fences.iter().max().unwrap());
+}
