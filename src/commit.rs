@@ -12,8 +12,9 @@
 //!   acknowledged again until the store is reopened (fail-stop; redb also refuses further writes
 //!   after an I/O error).
 
-use crate::disk::{write_batch, Op};
+use crate::disk::{write_batch, Commit, Op};
 use crate::error::{Error, Result};
+use crate::journal::{Appended, Journal};
 use crate::sync::{Arc, AtomicBool, AtomicU64, Condvar, Mutex, MutexGuard, Ordering};
 use redb::Database;
 use std::future::Future;
@@ -30,6 +31,7 @@ pub(crate) struct Pipeline {
     done: Condvar,
     halted: AtomicBool,
     batches: AtomicU64,
+    checkpoints: Arc<AtomicU64>,
     flusher: Arc<FlushSignal>,
     flusher_started: Once,
 }
@@ -42,8 +44,8 @@ struct State {
     durable: u64,
     committing: bool,
     halted: Option<String>,
-    /// The fence reservation on disk; only the leader touches it.
-    reserved: u64,
+    /// Only the leader touches it; `None` while a commit runs.
+    writer: Option<Writer>,
     /// Async callers waiting for their op: (sequence number, waker).
     wakers: Vec<(u64, Waker)>,
 }
@@ -78,7 +80,8 @@ fn halted(cause: &str) -> Error {
 }
 
 impl Pipeline {
-    pub(crate) fn new(db: Database, reserved: u64) -> Pipeline {
+    pub(crate) fn new(db: Database, reserved: u64, journal: Option<Journal>) -> Pipeline {
+        let checkpoints = Arc::new(AtomicU64::new(0));
         Pipeline {
             db: Some(db),
             poisoned: AtomicBool::new(false),
@@ -88,12 +91,17 @@ impl Pipeline {
                 durable: 0,
                 committing: false,
                 halted: None,
-                reserved,
+                writer: Some(Writer {
+                    reserved,
+                    journal,
+                    checkpoints: Arc::clone(&checkpoints),
+                }),
                 wakers: Vec::new(),
             }),
             done: Condvar::new(),
             halted: AtomicBool::new(false),
             batches: AtomicU64::new(0),
+            checkpoints,
             flusher: Arc::default(),
             flusher_started: Once::new(),
         }
@@ -107,6 +115,10 @@ impl Pipeline {
 
     pub(crate) fn batches(&self) -> u64 {
         self.batches.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn checkpoints(&self) -> u64 {
+        self.checkpoints.load(Ordering::Relaxed)
     }
 
     /// Fails once any commit has failed.
@@ -180,19 +192,19 @@ impl Pipeline {
         s.committing = true;
         let batch = std::mem::take(&mut s.queue);
         let upto = s.next;
-        let mut reserved = s.reserved;
+        let mut writer = s.writer.take().expect("one leader at a time");
         let result = MutexGuard::unlocked(s, || {
             // A panic inside redb (damaged pages) fails the batch and halts the store like any
             // failed commit, instead of escaping into the caller that happened to lead.
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                write_batch(self.db(), &batch, &mut reserved)
+                writer.commit(self.db(), &batch)
             }))
             .unwrap_or_else(|panic| {
                 self.poisoned.store(true, Ordering::Release);
                 Err(crate::error::storage_panic(panic))
             })
         });
-        s.reserved = reserved;
+        s.writer = Some(writer);
         s.committing = false;
         let outcome = match result {
             Ok(()) => {
@@ -255,6 +267,36 @@ impl Pipeline {
             }
             // Errors reach the waiters through the halted state.
             let _ = self.lead(&mut s);
+        }
+    }
+}
+
+/// What the commit leader owns: the fence reservation in the file and the journal (none for a
+/// store in memory).
+struct Writer {
+    reserved: u64,
+    journal: Option<Journal>,
+    checkpoints: Arc<AtomicU64>,
+}
+
+impl Writer {
+    /// Makes `ops` durable: appended to the journal and synced, then applied to redb without a
+    /// sync; or, when the journal is full (or absent), committed durably into redb, which
+    /// checkpoints everything before them too.
+    fn commit(&mut self, db: &Database, ops: &[Op]) -> Result<()> {
+        let Some(journal) = &mut self.journal else {
+            return write_batch(db, ops, &mut self.reserved, Commit::Durable { epoch: None });
+        };
+        match journal.append(ops)? {
+            Appended::Durable => write_batch(db, ops, &mut self.reserved, Commit::Journaled),
+            Appended::Full => {
+                let epoch = journal.epoch() + 1;
+                let commit = Commit::Durable { epoch: Some(epoch) };
+                write_batch(db, ops, &mut self.reserved, commit)?;
+                journal.restart(epoch);
+                self.checkpoints.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
         }
     }
 }

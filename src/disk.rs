@@ -14,7 +14,7 @@ pub(crate) const RECORDS: TableDefinition<u64, &[u8]> = TableDefinition::new("re
 /// `expires_at << 64 | fence` -> scoped key. One entry per completed record, in time order, so a
 /// purge reads only what expired.
 pub(crate) const EXPIRY: TableDefinition<u128, &[u8]> = TableDefinition::new("expiry");
-/// Store-wide values: [`FORMAT_KEY`] and [`FENCE_KEY`].
+/// Store-wide values: [`FORMAT_KEY`], [`FENCE_KEY`] and [`JOURNAL_EPOCH_KEY`].
 pub(crate) const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 
 /// The store format this build writes; a file with another is refused.
@@ -23,6 +23,9 @@ pub(crate) const FORMAT_KEY: &str = "format_version";
 /// The fence reservation: no committed record carries a fence above it, and fences issued
 /// after a reopen start above it.
 pub(crate) const FENCE_KEY: &str = "fence_reserved";
+/// The journal epoch whose entries are not yet checkpointed into this file (see
+/// `journal.rs`). Absent until the store first uses a journal.
+pub(crate) const JOURNAL_EPOCH_KEY: &str = "journal_epoch";
 
 /// The highest fence a store file may hold: far beyond any real use (2^61 claims at a million a
 /// second take 73,000 years), far enough from `u64::MAX` that the counter never wraps, and
@@ -77,15 +80,34 @@ pub(crate) fn expiry_key(expires_at: u64, fence: u64) -> u128 {
     u128::from(expires_at) << 64 | u128::from(fence)
 }
 
-/// Writes one batch in one write transaction and commits it with `Durability::Immediate`:
-/// redb writes the pages, then `fsync`s (`fdatasync(2)` on Linux) before `commit` returns.
+/// How a batch is committed to the redb file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Commit {
+    /// `Durability::Immediate`: redb writes the pages, then `fsync`s (`fdatasync(2)` on Linux)
+    /// before `commit` returns. With `Some(epoch)`, the journal epoch is raised to it in the same
+    /// transaction: a checkpoint.
+    Durable { epoch: Option<u64> },
+    /// `Durability::None`: visible to readers at once, durable at the next durable commit. Only
+    /// for a batch the journal already holds.
+    Journaled,
+}
+
+/// Writes one batch in one write transaction and commits it as `commit` says.
 ///
-/// `reserved` is the fence reservation on disk. A batch that writes a fence above it raises it
-/// by [`FENCE_BLOCK`] in the same transaction, so every fence in a committed record is at or
+/// `reserved` is the fence reservation in the file. A batch that writes a fence above it raises
+/// it by [`FENCE_BLOCK`] in the same transaction, so every fence in a committed record is at or
 /// below the committed reservation, and a reopen resumes above it. It is updated only once the
 /// commit succeeded.
-pub(crate) fn write_batch(db: &Database, ops: &[Op], reserved: &mut u64) -> Result<()> {
-    let txn = db.begin_write()?;
+pub(crate) fn write_batch(
+    db: &Database,
+    ops: &[Op],
+    reserved: &mut u64,
+    commit: Commit,
+) -> Result<()> {
+    let mut txn = db.begin_write()?;
+    if commit == Commit::Journaled {
+        txn.set_durability(redb::Durability::None)?;
+    }
     let mut high_fence = 0;
     {
         let mut records = txn.open_table(RECORDS)?;
@@ -116,6 +138,9 @@ pub(crate) fn write_batch(db: &Database, ops: &[Op], reserved: &mut u64) -> Resu
     let new_reserved = high_fence.saturating_add(FENCE_BLOCK);
     if raise {
         txn.open_table(META)?.insert(FENCE_KEY, new_reserved)?;
+    }
+    if let Commit::Durable { epoch: Some(epoch) } = commit {
+        txn.open_table(META)?.insert(JOURNAL_EPOCH_KEY, epoch)?;
     }
     txn.commit()?;
     if raise {
@@ -162,6 +187,14 @@ pub(crate) enum Scan {
     Loaded(Loaded),
     /// Two records' keys share an index hash: scan again into an index with fresh hash keys.
     Collision,
+}
+
+/// The fence reservation and the journal epoch (0 if none) recorded in the file.
+pub(crate) fn meta(db: &Database) -> Result<(u64, u64)> {
+    let txn = db.begin_read()?;
+    let meta = txn.open_table(META)?;
+    let get = |key| -> Result<u64> { Ok(meta.get(key)?.map_or(0, |v| v.value())) };
+    Ok((get(FENCE_KEY)?, get(JOURNAL_EPOCH_KEY)?))
 }
 
 /// Creates the tables of a new file, or checks the format of an existing one.

@@ -286,3 +286,9 @@ mod tests {
         assert!(matches!(e, Error::Io(_)));
     }
 }
+
+impl From<redb::SetDurabilityError> for Error {
+    fn from(e: redb::SetDurabilityError) -> Self {
+        storage(e)
+    }
+}

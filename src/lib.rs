@@ -44,6 +44,7 @@ mod fingerprint;
 #[cfg(feature = "http")]
 pub mod http;
 mod index;
+mod journal;
 mod maintenance;
 mod record;
 mod response;

@@ -1,8 +1,9 @@
 //! A simulated disk for crash tests and fuzzing, not part of the stable API: it exists only
 //! under `cfg(test)`, `cfg(fuzzing)` or the `simulation` feature.
 //!
-//! [`SimDisk`] keeps what a real disk keeps: the image as of the last `sync_data` (what survives
-//! a power loss for certain) and the writes issued since, in order. A [`SimDisk::crash`] rebuilds
+//! [`SimDisk`] holds two files, the redb file and the store's journal, and keeps for each what a
+//! real disk keeps: the image as of its last `sync_data` (what survives a power loss for
+//! certain) and the writes issued since, in order. Events and faults count across both files. A [`SimDisk::crash`] rebuilds
 //! the file from the durable image plus a chosen subset of those unsynced writes — none, all,
 //! some, or some torn at 512-byte sectors — as a power loss may leave it. It can also cut the
 //! power after a given number of I/O events (every later call fails, as if the machine were
@@ -48,12 +49,25 @@ enum Pending {
     SetLen(usize),
 }
 
-#[derive(Debug, Default)]
-struct Disk {
+/// One file of the disk.
+#[derive(Debug, Clone, Default)]
+struct Image {
     durable: Vec<u8>,
     live: Vec<u8>,
     unsynced: Vec<Pending>,
-    /// Writes, syncs and length changes issued so far (reads are not events).
+}
+
+/// Which file a backend reads and writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FileId {
+    Database = 0,
+    Journal = 1,
+}
+
+#[derive(Debug, Default)]
+struct Disk {
+    files: [Image; 2],
+    /// Writes, syncs and length changes issued so far, to either file (reads are not events).
     events: u64,
     writes: u64,
     syncs: u64,
@@ -70,23 +84,36 @@ impl SimDisk {
         SimDisk::default()
     }
 
-    /// A disk whose durable image is `image`, for opening arbitrary bytes.
+    /// A disk whose database file's durable image is `image` (and whose journal is empty), for
+    /// opening arbitrary bytes.
     pub fn from_image(image: Vec<u8>) -> SimDisk {
-        SimDisk(Arc::new(Mutex::new(Disk {
+        let disk = SimDisk::default();
+        disk.0.lock().files[FileId::Database as usize] = Image {
             live: image.clone(),
             durable: image,
-            ..Disk::default()
-        })))
+            unsynced: Vec::new(),
+        };
+        disk
     }
 
-    /// A backend for `redb` over this disk.
+    /// A backend for `redb` over the database file.
     pub fn backend(&self) -> SimBackend {
-        SimBackend(self.clone())
+        SimBackend(self.clone(), FileId::Database)
     }
 
-    /// The live image (what reads see now).
+    /// A backend over the journal file.
+    pub fn journal_backend(&self) -> SimBackend {
+        SimBackend(self.clone(), FileId::Journal)
+    }
+
+    /// The database file's live image (what reads see now).
     pub fn image(&self) -> Vec<u8> {
-        self.0.lock().live.clone()
+        self.0.lock().files[FileId::Database as usize].live.clone()
+    }
+
+    /// The journal file's live image.
+    pub fn journal_image(&self) -> Vec<u8> {
+        self.0.lock().files[FileId::Journal as usize].live.clone()
     }
 
     /// Writes, syncs and length changes issued so far.
@@ -99,9 +126,9 @@ impl SimDisk {
         self.0.lock().syncs
     }
 
-    /// Writes and length changes issued since the last sync.
+    /// Writes and length changes issued since the last sync of their file.
     pub fn unsynced(&self) -> usize {
-        self.0.lock().unsynced.len()
+        self.0.lock().files.iter().map(|f| f.unsynced.len()).sum()
     }
 
     /// Cuts the power once `more` further events have been issued: from then on every call
@@ -141,38 +168,17 @@ impl SimDisk {
         };
     }
 
-    /// A power loss: the file becomes the durable image plus the unsynced writes `image`
+    /// A power loss: each file becomes its durable image plus the unsynced writes `image`
     /// chooses, which then counts as durable; faults are cleared (the machine reboots).
     pub fn crash(&self, image: CrashImage) {
         let mut d = self.0.lock();
-        let mut rebuilt = d.durable.clone();
         let mut rng = match image {
             CrashImage::Subset(seed) | CrashImage::Torn(seed) => seed,
             _ => 0,
         };
-        for p in std::mem::take(&mut d.unsynced) {
-            let keep = match image {
-                CrashImage::Durable => false,
-                CrashImage::All => true,
-                CrashImage::Subset(_) | CrashImage::Torn(_) => next(&mut rng) & 1 == 1,
-            };
-            if !keep {
-                continue;
-            }
-            match p {
-                Pending::SetLen(len) => rebuilt.resize(len, 0),
-                Pending::Write { offset, data } => {
-                    for (i, sector) in data.chunks(SECTOR).enumerate() {
-                        if matches!(image, CrashImage::Torn(_)) && next(&mut rng) & 1 == 0 {
-                            continue;
-                        }
-                        put(&mut rebuilt, offset + i * SECTOR, sector);
-                    }
-                }
-            }
+        for file in &mut d.files {
+            file.crash(image, &mut rng);
         }
-        d.live = rebuilt.clone();
-        d.durable = rebuilt;
         d.fault = Fault::None;
     }
 
@@ -184,6 +190,35 @@ impl SimDisk {
     pub fn redb_integrity(&self) -> Result<bool, redb::Error> {
         let mut db = redb::Builder::new().create_with_backend(self.backend())?;
         Ok(db.check_integrity()?)
+    }
+}
+
+impl Image {
+    fn crash(&mut self, image: CrashImage, rng: &mut u64) {
+        let mut rebuilt = self.durable.clone();
+        for p in std::mem::take(&mut self.unsynced) {
+            let keep = match image {
+                CrashImage::Durable => false,
+                CrashImage::All => true,
+                CrashImage::Subset(_) | CrashImage::Torn(_) => next(rng) & 1 == 1,
+            };
+            if !keep {
+                continue;
+            }
+            match p {
+                Pending::SetLen(len) => rebuilt.resize(len, 0),
+                Pending::Write { offset, data } => {
+                    for (i, sector) in data.chunks(SECTOR).enumerate() {
+                        if matches!(image, CrashImage::Torn(_)) && next(rng) & 1 == 0 {
+                            continue;
+                        }
+                        put(&mut rebuilt, offset + i * SECTOR, sector);
+                    }
+                }
+            }
+        }
+        self.live = rebuilt.clone();
+        self.durable = rebuilt;
     }
 }
 
@@ -224,9 +259,9 @@ impl Disk {
     }
 }
 
-/// The redb backend of a [`SimDisk`].
+/// A backend over one file of a [`SimDisk`].
 #[derive(Debug)]
-pub struct SimBackend(SimDisk);
+pub struct SimBackend(SimDisk, FileId);
 
 fn offset(o: u64) -> std::io::Result<usize> {
     usize::try_from(o).map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))
@@ -234,7 +269,7 @@ fn offset(o: u64) -> std::io::Result<usize> {
 
 impl StorageBackend for SimBackend {
     fn len(&self) -> Result<u64, std::io::Error> {
-        Ok(self.0 .0.lock().live.len() as u64)
+        Ok(self.0 .0.lock().files[self.1 as usize].live.len() as u64)
     }
 
     fn read(&self, at: u64, out: &mut [u8]) -> Result<(), std::io::Error> {
@@ -245,7 +280,7 @@ impl StorageBackend for SimBackend {
         let start = offset(at)?;
         let src = start
             .checked_add(out.len())
-            .and_then(|end| d.live.get(start..end))
+            .and_then(|end| d.files[self.1 as usize].live.get(start..end))
             .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::UnexpectedEof))?;
         out.copy_from_slice(src);
         Ok(())
@@ -255,8 +290,9 @@ impl StorageBackend for SimBackend {
         let len = offset(len)?;
         let mut d = self.0 .0.lock();
         d.event()?;
-        d.live.resize(len, 0);
-        d.unsynced.push(Pending::SetLen(len));
+        let file = &mut d.files[self.1 as usize];
+        file.live.resize(len, 0);
+        file.unsynced.push(Pending::SetLen(len));
         Ok(())
     }
 
@@ -270,8 +306,9 @@ impl StorageBackend for SimBackend {
                 return Err(injected());
             }
         }
-        d.durable = d.live.clone();
-        d.unsynced.clear();
+        let file = &mut d.files[self.1 as usize];
+        file.durable = file.live.clone();
+        file.unsynced.clear();
         Ok(())
     }
 
@@ -290,8 +327,9 @@ impl StorageBackend for SimBackend {
             drop(d);
             panic!("simulated storage engine panic");
         }
-        put(&mut d.live, start, data);
-        d.unsynced.push(Pending::Write {
+        let file = &mut d.files[self.1 as usize];
+        put(&mut file.live, start, data);
+        file.unsynced.push(Pending::Write {
             offset: start,
             data: data.to_vec(),
         });
@@ -305,9 +343,7 @@ impl SimDisk {
     pub fn fork(&self) -> SimDisk {
         let d = self.0.lock();
         SimDisk(Arc::new(Mutex::new(Disk {
-            durable: d.durable.clone(),
-            live: d.live.clone(),
-            unsynced: d.unsynced.clone(),
+            files: d.files.clone(),
             events: d.events,
             writes: d.writes,
             syncs: d.syncs,

@@ -27,6 +27,8 @@ pub struct Stats {
     /// Write transactions committed (each one fsync); `acquired + completes + ...` divided by
     /// this is the mean batch size.
     pub commit_batches: u64,
+    /// Commits that were checkpoints: durable redb commits after which the journal starts over.
+    pub checkpoints: u64,
     /// Records in the index now (in progress or completed, expired ones not yet purged included).
     pub live_records: u64,
 }
@@ -49,7 +51,12 @@ impl Counters {
         counter.fetch_add(by, Ordering::Relaxed);
     }
 
-    pub(crate) fn snapshot(&self, commit_batches: u64, live_records: u64) -> Stats {
+    pub(crate) fn snapshot(
+        &self,
+        commit_batches: u64,
+        checkpoints: u64,
+        live_records: u64,
+    ) -> Stats {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         Stats {
             acquired: get(&self.acquired),
@@ -62,6 +69,7 @@ impl Counters {
             reaped: get(&self.reaped),
             purged: get(&self.purged),
             commit_batches,
+            checkpoints,
             live_records,
         }
     }

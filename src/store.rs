@@ -102,33 +102,72 @@ impl Store {
             let db = redb::Builder::new()
                 .set_cache_size(config.cache_bytes)
                 .create(path)?;
-            Store::start(config, db)
+            // Only now, with redb's lock on the store file held, is the journal touched.
+            let journal = journal_path(path);
+            let source = JournalSource {
+                existed: journal.try_exists()?,
+                capacity: config.journal_bytes.unwrap_or(DEFAULT_JOURNAL_BYTES),
+                open: Box::new(move || {
+                    let file = std::fs::OpenOptions::new()
+                        .read(true)
+                        .write(true)
+                        .create(true)
+                        .truncate(false)
+                        .open(&journal)?;
+                    sync_parent_dir(&journal)?;
+                    Ok(Box::new(JournalFile(file)) as Box<dyn redb::StorageBackend>)
+                }),
+            };
+            Store::start(config, db, Some(source))
         })
     }
 
     pub(crate) fn in_memory_with(config: Config) -> Result<Store> {
-        Store::backend_with(config, redb::backends::InMemoryBackend::new())
+        contain_panics(|| {
+            let db = redb::Builder::new()
+                .set_cache_size(config.cache_bytes)
+                .create_with_backend(redb::backends::InMemoryBackend::new())?;
+            Store::start(config, db, None)
+        })
     }
 
-    pub(crate) fn backend_with(
+    #[cfg(any(test, fuzzing, feature = "simulation"))]
+    pub(crate) fn simulated_with(
         config: Config,
-        backend: impl redb::StorageBackend,
+        disk: &crate::simulation::SimDisk,
     ) -> Result<Store> {
         contain_panics(|| {
             let db = redb::Builder::new()
                 .set_cache_size(config.cache_bytes)
-                .create_with_backend(backend)?;
-            Store::start(config, db)
+                .create_with_backend(disk.backend())?;
+            let journal = disk.journal_backend();
+            let source = JournalSource {
+                existed: !disk.journal_image().is_empty(),
+                capacity: config.journal_bytes.unwrap_or(SIMULATED_JOURNAL_BYTES),
+                open: Box::new(move || Ok(Box::new(journal) as Box<dyn redb::StorageBackend>)),
+            };
+            Store::start(config, db, Some(source))
         })
     }
 
-    fn start(config: Config, db: redb::Database) -> Result<Store> {
+    fn start(config: Config, db: redb::Database, journal: Option<JournalSource>) -> Result<Store> {
         disk::initialise(&db)?;
+        let (mut reserved, epoch) = disk::meta(&db)?;
+        let journal = match journal {
+            Some(source) if source.capacity > 0 => {
+                Some(recover_journal(&db, source, epoch, &mut reserved)?)
+            }
+            _ if epoch > 0 => {
+                // The journal may hold acknowledged batches: it must be read, never skipped.
+                return Err(journal_missing(epoch));
+            }
+            _ => None,
+        };
         let (index, loaded) = load_index(&config, &db)?;
         Ok(Store {
             inner: Arc::new(Inner {
                 index,
-                pipeline: Arc::new(Pipeline::new(db, loaded.reserved)),
+                pipeline: Arc::new(Pipeline::new(db, loaded.reserved, journal)),
                 config,
                 counters: Counters::default(),
                 next_fence: AtomicU64::new(loaded.high_fence + 1),
@@ -633,7 +672,97 @@ impl Store {
     pub fn stats(&self) -> Stats {
         let inner = &*self.inner;
         let live = u64::try_from(inner.index.len()).unwrap_or(u64::MAX);
-        inner.counters.snapshot(inner.pipeline.batches(), live)
+        let p = &inner.pipeline;
+        inner.counters.snapshot(p.batches(), p.checkpoints(), live)
+    }
+}
+
+/// The journal's default size: 16 MiB, a few tens of thousands of batches between checkpoints.
+const DEFAULT_JOURNAL_BYTES: u64 = 16 << 20;
+/// On the simulated disk, a small journal, so crash tests cross many checkpoints.
+#[cfg(any(test, fuzzing, feature = "simulation"))]
+const SIMULATED_JOURNAL_BYTES: u64 = 64 << 10;
+
+/// Where a store's journal lives: `<store file>-journal`, beside it.
+pub(crate) fn journal_path(store: &Path) -> std::path::PathBuf {
+    let mut name = store.as_os_str().to_owned();
+    name.push("-journal");
+    name.into()
+}
+
+/// How to reach the journal of a store being opened.
+struct JournalSource {
+    /// Whether the file was there before this open.
+    existed: bool,
+    /// 0 turns the journal off.
+    capacity: u64,
+    open: Box<dyn FnOnce() -> Result<Box<dyn redb::StorageBackend>>>,
+}
+
+fn journal_missing(epoch: u64) -> Error {
+    Error::Corrupted {
+        key: "(journal)".into(),
+        reason: format!(
+            "the store file says its journal holds epoch {epoch}, but the journal file is \
+             missing (or the journal is turned off); it may hold acknowledged writes"
+        ),
+    }
+}
+
+/// Replays the journal's current epoch into the redb file and checkpoints it: one durable
+/// commit of every journaled op, raising the epoch, so the journal starts empty.
+fn recover_journal(
+    db: &redb::Database,
+    source: JournalSource,
+    epoch: u64,
+    reserved: &mut u64,
+) -> Result<crate::journal::Journal> {
+    if epoch > 0 && !source.existed {
+        return Err(journal_missing(epoch));
+    }
+    let file = (source.open)()?;
+    let (mut journal, ops) = crate::journal::Journal::open(file, source.capacity, epoch)?;
+    let next = epoch + 1;
+    disk::write_batch(
+        db,
+        &ops,
+        reserved,
+        disk::Commit::Durable { epoch: Some(next) },
+    )?;
+    journal.restart(next);
+    Ok(journal)
+}
+
+/// A journal in a real file, through positioned reads and writes.
+struct JournalFile(std::fs::File);
+
+impl std::fmt::Debug for JournalFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("JournalFile")
+    }
+}
+
+#[cfg(unix)]
+impl redb::StorageBackend for JournalFile {
+    fn len(&self) -> std::io::Result<u64> {
+        Ok(self.0.metadata()?.len())
+    }
+
+    fn read(&self, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
+        std::os::unix::fs::FileExt::read_exact_at(&self.0, out, offset)
+    }
+
+    fn set_len(&self, len: u64) -> std::io::Result<()> {
+        self.0.set_len(len)
+    }
+
+    /// `fdatasync(2)`.
+    fn sync_data(&self) -> std::io::Result<()> {
+        self.0.sync_data()
+    }
+
+    fn write(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
+        std::os::unix::fs::FileExt::write_all_at(&self.0, data, offset)
     }
 }
 

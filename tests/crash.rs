@@ -4,7 +4,7 @@
 //! and checked against what the store acknowledged. Also: disk full and failing fsync.
 //!
 //! `IDEMDB_CRASH_STEPS` (default 300) sets the workload length and `IDEMDB_CRASH_SEEDS`
-//! (default 1) how many workloads to sweep; `IDEMDB_CRASH_IMAGES` (default 4) how many images
+//! (default 3) how many workloads to sweep; `IDEMDB_CRASH_IMAGES` (default 4) how many images
 //! per crash point.
 
 // Test arithmetic on small counts; the lint guards the on-disk format.
@@ -39,7 +39,7 @@ fn images(seed: u64, n: u64) -> Vec<CrashImage> {
 #[test]
 fn power_loss_at_every_write_and_sync() {
     let steps_len = env("IDEMDB_CRASH_STEPS", 300) as usize;
-    let seeds = env("IDEMDB_CRASH_SEEDS", 1);
+    let seeds = env("IDEMDB_CRASH_SEEDS", 3);
     let per_point = env("IDEMDB_CRASH_IMAGES", 4);
     let (mut points, mut checked_images, mut keys_checked, mut acked) = (0u64, 0u64, 0usize, 0u64);
     for seed in 0..seeds {

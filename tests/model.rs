@@ -1992,8 +1992,10 @@ fn scripted_faults() {
             "failed batch did not land",
         ),
         (
+            // A disk that stays failed: the journal write fails, and so does every write after
+            // it, up to a power loss that tears what was written.
             Op::FailWrite {
-                after: 2,
+                after: 0,
                 forever: true,
             },
             Op::Crash {
@@ -2040,9 +2042,10 @@ fn scripted_faults() {
         let ops = vec![
             Op::Claim { key: k, fp: 0 },
             Op::PowerCut {
-                after_events: 3,
+                after_events: 1,
                 ops: vec![
-                    // Its commit finds the power gone part way.
+                    // Its commit finds the power gone part way: after the journal write,
+                    // before its fdatasync.
                     Op::Claim {
                         key: (0, 1, 1),
                         fp: 1,

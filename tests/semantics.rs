@@ -583,6 +583,9 @@ fn open_after_damage(at: impl Fn(usize) -> usize) -> (String, String) {
     let t = acquire(&store, &pay(), "victim-key", "a");
     store.complete(t, Response::new(200, "paid")).unwrap();
     drop(store);
+    // A reopen checkpoints the journal into the store file; damage done after that has no
+    // intact copy left in the journal to recover from.
+    drop(f.open());
     flip_a_bit_in_every_record(&f.path, at);
     match Store::open(&f.path) {
         Err(Error::Corrupted { key, reason }) => (key, reason),
@@ -649,14 +652,16 @@ fn flip_a_bit_in_every_record(path: &std::path::Path, at: impl Fn(usize) -> usiz
 }
 
 #[test]
-fn creating_a_store_leaves_only_the_store_file() {
+fn creating_a_store_leaves_only_the_store_file_and_its_journal() {
     let f = Fixture::new();
     drop(f.open());
-    let names: Vec<_> = std::fs::read_dir(f.path.parent().unwrap())
+    let mut names: Vec<_> = std::fs::read_dir(f.path.parent().unwrap())
         .unwrap()
-        .map(|e| e.unwrap().file_name())
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
         .collect();
-    assert_eq!(names, [f.path.file_name().unwrap()]);
+    names.sort();
+    let store = f.path.file_name().unwrap().to_str().unwrap();
+    assert_eq!(names, [store.to_owned(), format!("{store}-journal")]);
     // An empty file holds nothing: it is a valid new store.
     let empty = f.path.with_file_name("empty.idem");
     std::fs::File::create(&empty).unwrap();
