@@ -260,6 +260,12 @@ impl From<redb::CommitError> for Error {
     }
 }
 
+impl From<redb::SetDurabilityError> for Error {
+    fn from(e: redb::SetDurabilityError) -> Self {
+        storage(e)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -284,11 +290,5 @@ mod tests {
         let e = Error::from(std::io::Error::other("boom"));
         assert!(e.source().is_some());
         assert!(matches!(e, Error::Io(_)));
-    }
-}
-
-impl From<redb::SetDurabilityError> for Error {
-    fn from(e: redb::SetDurabilityError) -> Self {
-        storage(e)
     }
 }
