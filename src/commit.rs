@@ -28,7 +28,10 @@ pub(crate) struct Pipeline {
     /// A commit panicked inside redb, leaving its locks poisoned.
     poisoned: AtomicBool,
     state: Mutex<State>,
-    done: Condvar,
+    /// Callers whose op is in an odd / even numbered batch wait on `done[batch & 1]`: a commit
+    /// wakes the callers it made durable, and one caller of the next batch to lead it, instead
+    /// of every waiter (half of whom would only go back to sleep).
+    done: [Condvar; 2],
     halted: AtomicBool,
     batches: AtomicU64,
     checkpoints: Arc<AtomicU64>,
@@ -43,6 +46,10 @@ struct State {
     /// Every op numbered below this is durable.
     durable: u64,
     committing: bool,
+    /// Batches started; the running one, while `committing`.
+    batch: u64,
+    /// The sequence number the running batch ends before.
+    committing_upto: u64,
     halted: Option<String>,
     /// Only the leader touches it; `None` while a commit runs.
     writer: Option<Writer>,
@@ -90,6 +97,8 @@ impl Pipeline {
                 next: 0,
                 durable: 0,
                 committing: false,
+                batch: 0,
+                committing_upto: 0,
                 halted: None,
                 writer: Some(Writer {
                     reserved,
@@ -98,7 +107,7 @@ impl Pipeline {
                 }),
                 wakers: Vec::new(),
             }),
-            done: Condvar::new(),
+            done: [Condvar::new(), Condvar::new()],
             halted: AtomicBool::new(false),
             batches: AtomicU64::new(0),
             checkpoints,
@@ -157,7 +166,12 @@ impl Pipeline {
                 return Err(halted(cause));
             }
             if s.committing {
-                self.done.wait(&mut s);
+                let batch = if seq.0 < s.committing_upto {
+                    s.batch
+                } else {
+                    s.batch + 1
+                };
+                self.done[parity(batch)].wait(&mut s);
                 continue;
             }
             self.lead(&mut s)?;
@@ -190,6 +204,8 @@ impl Pipeline {
     /// running; returns with the state locked.
     fn lead(&self, s: &mut MutexGuard<'_, State>) -> Result<()> {
         s.committing = true;
+        s.batch += 1;
+        s.committing_upto = s.next;
         let batch = std::mem::take(&mut s.queue);
         let upto = s.next;
         let mut writer = s.writer.take().expect("one leader at a time");
@@ -218,7 +234,13 @@ impl Pipeline {
                 Err(e)
             }
         };
-        self.done.notify_all();
+        self.done[parity(s.batch)].notify_all();
+        if s.halted.is_some() {
+            self.done[parity(s.batch + 1)].notify_all();
+        } else if s.next > upto {
+            // Ops queued meanwhile: wake one of their callers to lead the next batch.
+            self.done[parity(s.batch + 1)].notify_one();
+        }
         let durable = s.durable;
         let all = s.halted.is_some();
         s.wakers.retain(|(seq, waker)| {
@@ -262,13 +284,18 @@ impl Pipeline {
                 return;
             }
             if s.committing {
-                self.done.wait(&mut s);
+                let batch = s.batch;
+                self.done[parity(batch)].wait(&mut s);
                 continue;
             }
             // Errors reach the waiters through the halted state.
             let _ = self.lead(&mut s);
         }
     }
+}
+
+fn parity(batch: u64) -> usize {
+    usize::from(batch & 1 == 1)
 }
 
 /// What the commit leader owns: the fence reservation in the file and the journal (none for a
