@@ -106,3 +106,79 @@ fn racing_threads_execute_each_key_once_per_generation() {
         "group commit shares fsyncs under contention: {stats:?}"
     );
 }
+
+/// Regression guard for the commit pipeline's wake-ups: callers wait on the condvar of their
+/// batch's parity, and a finished commit wakes one caller of the next batch to lead it. A missed
+/// wake-up would hang a caller forever, so this runs 48 blocking threads and an async driver
+/// against one journaled file store, with a watchdog instead of a hang.
+#[test]
+fn blocking_and_async_callers_sharing_batches_all_finish() {
+    use std::future::Future;
+    use std::sync::mpsc;
+    use std::task::{Context, Poll, Wake, Waker};
+    const THREADS: usize = 48;
+    const EACH: usize = 150;
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path().join("wake.idem")).unwrap();
+    let scope = Scope::new("t", "POST /wake");
+    let (done, finished) = mpsc::channel();
+    for t in 0..THREADS {
+        let (store, scope, done) = (store.clone(), scope.clone(), done.clone());
+        std::thread::spawn(move || {
+            for i in 0..EACH {
+                let key = format!("b{t}-{i}");
+                let Claim::Acquired(ticket) =
+                    store.claim(&scope, &key, Fingerprint::of(b"x")).unwrap()
+                else {
+                    panic!("a new key is acquired")
+                };
+                if i % 2 == 0 {
+                    store.complete(ticket, Response::new(200, "ok")).unwrap();
+                } else {
+                    store.release(ticket).unwrap();
+                }
+            }
+            done.send(()).unwrap();
+        });
+    }
+    // One thread polls many async claims at once, with a waker that unparks it.
+    struct Unpark(std::thread::Thread);
+    impl Wake for Unpark {
+        fn wake(self: std::sync::Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    {
+        let (store, scope, done) = (store.clone(), scope.clone(), done.clone());
+        std::thread::spawn(move || {
+            let waker = Waker::from(std::sync::Arc::new(Unpark(std::thread::current())));
+            let mut cx = Context::from_waker(&waker);
+            let keys: Vec<String> = (0..EACH * 4).map(|i| format!("a{i}")).collect();
+            let mut futures: Vec<_> = keys
+                .iter()
+                .map(|k| Box::pin(store.claim_async(&scope, k, Fingerprint::of(b"x"))))
+                .collect();
+            while !futures.is_empty() {
+                futures.retain_mut(|f| match f.as_mut().poll(&mut cx) {
+                    Poll::Ready(claim) => {
+                        assert!(matches!(claim, Ok(Claim::Acquired(_))), "{claim:?}");
+                        false
+                    }
+                    Poll::Pending => true,
+                });
+                if !futures.is_empty() {
+                    // No timeout: a lost wake-up must hang here, for the watchdog to see.
+                    std::thread::park();
+                }
+            }
+            done.send(()).unwrap();
+        });
+    }
+    for _ in 0..=THREADS {
+        finished
+            .recv_timeout(std::time::Duration::from_secs(120))
+            .expect("a caller never finished: a lost wake-up in the commit pipeline");
+    }
+    let stats = store.stats();
+    assert_eq!(stats.acquired as usize, THREADS * EACH + EACH * 4);
+}
