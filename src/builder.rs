@@ -41,6 +41,7 @@ pub(crate) struct Config {
     pub(crate) cache_bytes: usize,
     /// `None`: the default for the medium (see `store.rs`).
     pub(crate) journal_bytes: Option<u64>,
+    pub(crate) replay_cache_bytes: usize,
     pub(crate) clock: Arc<dyn Clock>,
 }
 
@@ -74,6 +75,7 @@ impl Default for StoreBuilder {
                 stripes: 64,
                 cache_bytes: DEFAULT_CACHE_BYTES,
                 journal_bytes: None,
+                replay_cache_bytes: 8 << 20,
                 clock: Arc::new(SystemClock),
             },
         }
@@ -163,6 +165,14 @@ impl StoreBuilder {
     /// A store whose file says its journal holds writes refuses to open without it.
     pub fn journal_size(mut self, bytes: u64) -> Self {
         self.config.journal_bytes = Some(bytes);
+        self
+    }
+
+    /// Memory for recently replayed responses, so repeated retries of one key read its record
+    /// from the file once. Default: 8 MiB; 0 turns it off. Responses larger than a 64th of it
+    /// are never cached.
+    pub fn replay_cache_size(mut self, bytes: usize) -> Self {
+        self.config.replay_cache_bytes = bytes;
         self
     }
 

@@ -47,6 +47,7 @@ mod index;
 mod journal;
 mod maintenance;
 mod record;
+mod replay_cache;
 mod response;
 mod scope;
 #[cfg(any(test, fuzzing, feature = "simulation"))]

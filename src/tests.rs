@@ -344,3 +344,40 @@ fn a_parallel_open_loads_every_record_in_its_state() {
     let next = acquire(&store, "after");
     assert!(next.fence() > *fences.iter().max().unwrap());
 }
+
+/// Replays read through a cache by fence. A key that expires and is claimed and completed again
+/// gets a new fence, so its old cached response can never be replayed for the new record; and a
+/// hit still compares the full fingerprint.
+#[test]
+fn the_replay_cache_never_serves_a_replaced_record_or_another_request() {
+    use crate::ManualClock;
+    use std::time::Duration;
+    let clock = ManualClock::new();
+    let store = StoreBuilder::default()
+        .ttl(Duration::from_secs(10))
+        .clock(clock.clone())
+        .in_memory()
+        .unwrap();
+    let replay = |store: &Store| match store.claim(&scope(), "k", fp()).unwrap() {
+        Claim::Replay(r) => r,
+        other => panic!("expected Replay, got {other:?}"),
+    };
+    store
+        .complete(acquire(&store, "k"), Response::new(200, "first"))
+        .unwrap();
+    assert_eq!(replay(&store).body(), b"first"); // read from the file, cached
+    assert_eq!(replay(&store).body(), b"first"); // from the cache
+    assert_eq!(store.stats().replays, 2);
+    assert!(matches!(
+        store
+            .claim(&scope(), "k", Fingerprint::of(b"other"))
+            .unwrap(),
+        Claim::Mismatch { completed: true }
+    ));
+    clock.advance(Duration::from_secs(11));
+    store
+        .complete(acquire(&store, "k"), Response::new(201, "second"))
+        .unwrap();
+    let again = replay(&store);
+    assert_eq!((again.status(), again.body()), (201, &b"second"[..]));
+}
