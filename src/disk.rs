@@ -4,7 +4,7 @@
 //! `docs/format.md` documents every byte.
 
 use crate::error::{Error, Result};
-use crate::index::{Index, Slot, SlotState};
+use crate::index::{Index, KeyHash, Slot, SlotState};
 use crate::record::{Head, HeadState, Record, RecordState};
 use crate::scope::display_scoped_key;
 use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
@@ -362,6 +362,11 @@ fn scan(
         None => records.range(start..)?,
     };
     let mut high_fence = 0;
+    // Slots are gathered per stripe and inserted a stripe at a time, so the stripe's table is
+    // in the CPU cache while it fills: inserting each record as it is read would touch a random
+    // place of the whole index (hundreds of MB at ten million keys) per record.
+    let mut pending: Vec<Vec<(KeyHash, Slot)>> = vec![Vec::new(); index.stripe_count()];
+    let mut gathered = 0;
     for entry in range {
         let (fence, value) = entry?;
         let (key, head) = decode_head_at(fence.value(), value.value())?;
@@ -370,27 +375,58 @@ fn scan(
             break;
         }
         let hash = index.hash(key);
-        let slot = slot_of_head(&head, index);
-        let Some(other) = index.lock(&hash).insert(hash, slot) else {
-            continue;
-        };
-        let other_key = match records.get(other.fence())? {
-            Some(v) => decode_at(other.fence(), v.value())?.0.to_vec(),
-            None => Vec::new(),
-        };
-        if other_key != key {
-            return Ok(None);
+        pending[index.stripe_of(&hash)].push((hash, slot_of_head(&head, index)));
+        gathered += 1;
+        if gathered == SCAN_CHUNK {
+            gathered = 0;
+            if !insert_pending(records, index, &mut pending)? {
+                return Ok(None);
+            }
         }
-        return Err(corrupted(
-            key,
-            format!(
-                "two records for one key (fences {} and {})",
-                other.fence(),
-                head.fence
-            ),
-        ));
+    }
+    if !insert_pending(records, index, &mut pending)? {
+        return Ok(None);
     }
     Ok(Some(high_fence))
+}
+
+/// Records gathered before their slots go into the index.
+const SCAN_CHUNK: usize = 1 << 18;
+
+/// Inserts the gathered slots, stripe by stripe. `Ok(false)` if two keys share a hash.
+fn insert_pending(
+    records: &redb::ReadOnlyTable<u64, &'static [u8]>,
+    index: &Index,
+    pending: &mut [Vec<(KeyHash, Slot)>],
+) -> Result<bool> {
+    for (i, slots) in pending.iter_mut().enumerate() {
+        let mut stripe = index.lock_stripe(i);
+        for (hash, slot) in slots.drain(..) {
+            let Some(other) = stripe.insert(hash, slot.clone()) else {
+                continue;
+            };
+            drop(stripe);
+            let key_at = |fence: u64| -> Result<Vec<u8>> {
+                Ok(match records.get(fence)? {
+                    Some(v) => decode_head_at(fence, v.value())?.0.to_vec(),
+                    None => Vec::new(),
+                })
+            };
+            let key = key_at(slot.fence())?;
+            if key_at(other.fence())? != key {
+                return Ok(false);
+            }
+            return Err(corrupted(
+                &key,
+                format!(
+                    "two records for one key (fences {} and {})",
+                    other.fence(),
+                    slot.fence()
+                ),
+            ));
+        }
+    }
+    Ok(true)
 }
 
 /// The index slot of a record found by the open: an in-progress claim is an orphan.

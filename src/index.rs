@@ -194,11 +194,23 @@ impl Index {
     /// seven, which hashbrown uses for its control bytes, and far above the bits it uses for
     /// bucket positions, so stripes do not thin out either.
     pub(crate) fn lock(&self, hash: &KeyHash) -> MutexGuard<'_, Stripe> {
-        let i = if self.shift == 64 {
+        self.stripes[self.stripe_of(hash)].lock()
+    }
+
+    /// The number of the stripe holding `hash`, below [`Index::stripe_count`].
+    pub(crate) fn stripe_of(&self, hash: &KeyHash) -> usize {
+        if self.shift == 64 {
             0
         } else {
             usize::try_from((hash.lo << 7) >> self.shift).expect("stripe index fits usize")
-        };
+        }
+    }
+
+    pub(crate) fn stripe_count(&self) -> usize {
+        self.stripes.len()
+    }
+
+    pub(crate) fn lock_stripe(&self, i: usize) -> MutexGuard<'_, Stripe> {
         self.stripes[i].lock()
     }
 

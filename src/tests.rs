@@ -381,3 +381,42 @@ fn the_replay_cache_never_serves_a_replaced_record_or_another_request() {
     let again = replay(&store);
     assert_eq!((again.status(), again.body()), (201, &b"second"[..]));
 }
+
+/// Open refuses a file holding two records for one key, whichever stripe batch or scan thread
+/// meets the second one.
+#[test]
+fn two_records_for_one_key_refuse_the_open() {
+    use crate::disk::RECORDS;
+    use crate::record::Record;
+    use redb::ReadableTable;
+    let disk = SimDisk::new();
+    let store = open(&disk);
+    let fence = acquire(&store, "k").fence();
+    for i in 0..20 {
+        drop(acquire(&store, &format!("other{i}")));
+    }
+    drop(store);
+    drop(open(&disk)); // the reopen checkpoints the journal into the file
+    {
+        let db = redb::Builder::new()
+            .create_with_backend(disk.backend())
+            .unwrap();
+        let txn = db.begin_write().unwrap();
+        {
+            let mut records = txn.open_table(RECORDS).unwrap();
+            let value = records.get(fence).unwrap().unwrap().value().to_vec();
+            let (key, mut record) = Record::decode(&value).unwrap();
+            record.fence = fence + 1000;
+            let copy = record.encode(key);
+            records.insert(fence + 1000, copy.as_slice()).unwrap();
+        }
+        txn.commit().unwrap();
+    }
+    match StoreBuilder::default().open_simulated(&disk) {
+        Err(Error::Corrupted { key, reason }) => {
+            assert!(reason.contains("two records for one key"), "{reason}");
+            assert!(key.contains('k'), "{key}");
+        }
+        other => panic!("expected Corrupted, got {other:?}"),
+    }
+}
