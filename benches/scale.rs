@@ -243,7 +243,11 @@ fn child(spec: &str) {
         "open" => {
             let before = rss_bytes();
             let started = Instant::now();
-            let store = Store::open(path).expect("open");
+            let mut builder = Store::builder();
+            if let Ok(bytes) = std::env::var("IDEMDB_SCALE_CACHE") {
+                builder = builder.cache_size(bytes.parse().expect("IDEMDB_SCALE_CACHE: bytes"));
+            }
+            let store = builder.open(path).expect("open");
             let secs = started.elapsed().as_secs_f64();
             let after = rss_bytes();
             let live = store.stats().live_records;

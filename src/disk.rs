@@ -270,7 +270,7 @@ fn check_place(fence: u64, key: &[u8], record_fence: u64) -> Result<()> {
             format!("record of fence {record_fence} stored at fence {fence}"),
         ));
     }
-    if crate::scope::split_scoped_key(key).is_none() {
+    if crate::scope::scoped_key_parts(key).is_none() {
         return Err(corrupted(key, "the key is not a valid scoped key"));
     }
     Ok(())

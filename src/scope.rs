@@ -127,6 +127,13 @@ pub(crate) fn scoped_key(scope: &Scope, key: &str) -> Result<Box<[u8]>> {
 /// Splits an encoded scoped key back into its scope and key, or `None` if the bytes are not a
 /// valid encoding (a damaged file).
 pub(crate) fn split_scoped_key(bytes: &[u8]) -> Option<(Scope, String)> {
+    let (tenant, endpoint, key) = scoped_key_parts(bytes)?;
+    Some((Scope::new(tenant, endpoint), key.to_owned()))
+}
+
+/// The (tenant, endpoint, key) of an encoded scoped key, if it is one [`scoped_key`] could have
+/// made; allocates nothing (the open checks every record's key with it).
+pub(crate) fn scoped_key_parts(bytes: &[u8]) -> Option<(&str, &str, &str)> {
     let (&tlen, rest) = bytes.split_first()?;
     let tlen = usize::from(tlen);
     let tenant = rest.get(..tlen)?;
@@ -135,13 +142,14 @@ pub(crate) fn split_scoped_key(bytes: &[u8]) -> Option<(Scope, String)> {
     let rest = &rest[2..];
     let endpoint = rest.get(..elen)?;
     let key = std::str::from_utf8(&rest[elen..]).ok()?;
-    let scope = Scope::new(
+    let (tenant, endpoint) = (
         std::str::from_utf8(tenant).ok()?,
         std::str::from_utf8(endpoint).ok()?,
     );
-    scope.validate().ok()?;
+    check_len("tenant", tenant.len(), MAX_TENANT_LEN).ok()?;
+    check_len("endpoint", endpoint.len(), MAX_ENDPOINT_LEN).ok()?;
     validate_key(key).ok()?;
-    Some((scope, key.to_owned()))
+    Some((tenant, endpoint, key))
 }
 
 /// Renders an encoded scoped key for error messages: printable ASCII as is, the rest escaped.

@@ -180,5 +180,8 @@ fn blocking_and_async_callers_sharing_batches_all_finish() {
             .expect("a caller never finished: a lost wake-up in the commit pipeline");
     }
     let stats = store.stats();
-    assert_eq!(stats.acquired, u64::try_from(THREADS * EACH + EACH * 4).unwrap());
+    assert_eq!(
+        stats.acquired,
+        u64::try_from(THREADS * EACH + EACH * 4).unwrap()
+    );
 }
