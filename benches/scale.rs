@@ -17,7 +17,8 @@
 //!    redb page cache included.
 //! 4. **purge**: a child process opens the file with a clock 25 hours ahead and purges every
 //!    expired record; reported as records/s.
-//! 5. **file bytes per live key**: the file's size after the preload and the claims.
+//! 5. **file bytes per live key**: the store file's and its journal's size after the preload
+//!    and the claims.
 //!
 //! `IDEMDB_SCALE_KEEP=1` keeps each store file (its path is printed, and the purge is skipped)
 //! for profiling; `IDEMDB_SCALE_OPEN=<file>` only measures opening that file.
@@ -119,7 +120,10 @@ fn measure(n: u64, seconds: Duration) -> Row {
     let claims_per_sec = claim_loop(&store, seconds);
     let live = store.stats().live_records;
     drop(store);
-    let file_per_key = std::fs::metadata(&path).expect("stat").len() as f64 / live as f64;
+    // The store file and its journal.
+    let journal = std::fs::metadata(dir.path().join("scale.idem-journal")).map_or(0, |m| m.len());
+    let file_per_key =
+        (std::fs::metadata(&path).expect("stat").len() + journal) as f64 / live as f64;
 
     let opened = run_child("open", &path);
     let (open_secs, rss_before, rss_after, reopened_live) =

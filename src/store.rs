@@ -206,7 +206,8 @@ impl Store {
     /// Claims `key` in `scope` for a request with `fingerprint`, before the side effect runs.
     ///
     /// - A new key (or one whose record expired) is [`Claim::Acquired`]; the in-progress record
-    ///   is durable before this returns (redb commit: `fdatasync(2)` of the file).
+    ///   is durable before this returns (its batch's journal entry is written and the journal
+    ///   `fdatasync(2)`ed; see `docs/design.md`).
     /// - A completed key with the same fingerprint is [`Claim::Replay`] with the stored response.
     /// - A key in progress is [`Claim::InProgress`]; a stale one (lease run out) is taken over
     ///   under [`StalePolicy::TakeOver`] (an `Acquired` whose ticket says so).
@@ -468,8 +469,8 @@ impl Store {
     }
 
     /// Stores `response` for the ticket's key and ends the claim: every later claim with the
-    /// same fingerprint replays it until the TTL runs out. Durable before this returns (redb
-    /// commit: `fdatasync(2)`).
+    /// same fingerprint replays it until the TTL runs out. Durable before this returns (journal
+    /// entry and `fdatasync(2)`, as for `claim`).
     ///
     /// A claim may be completed after its lease ran out, as long as nobody took it over or
     /// reaped it.
