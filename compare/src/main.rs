@@ -1,1 +1,604 @@
-fn main() {}
+//! `idemdb-compare`: idemdb next to naive redb, SQLite, PostgreSQL, Redis and the disk's fsync
+//! floor, on one durable-claim workload, on one machine, in one run. See `compare/README.md`.
+
+mod executor;
+mod machine;
+mod measure;
+mod plot;
+mod report;
+mod runner;
+mod systems;
+mod workload;
+
+use machine::Machine;
+use measure::Device;
+use report::Row;
+use runner::{Spec, Workload};
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+use systems::{Kind, Setup};
+use workload::Payload;
+
+const USAGE: &str = "\
+usage: idemdb-compare [options]
+  --systems LIST        idemdb,naive-redb,sqlite,postgres,redis,fsync-floor (default: all)
+  --workloads LIST      claim,cycle (default: both)
+  --callers LIST        caller threads per cell (default: 1,4,16,64,256)
+  --keys LIST           keys preloaded per system (default: 100000)
+  --seconds S           measured window per cell (default: 3)
+  --warmup S            warm-up before each window (default: 0.5)
+  --response-bytes N    response body size (default: 256)
+  --postgres CONN       e.g. \"host=127.0.0.1 port=54329 user=postgres dbname=idem\"
+  --redis HOST:PORT     a Redis with appendonly yes, appendfsync always
+  --out DIR             results directory (default: target/compare)
+  --data-dir DIR        where the embedded systems' files go (default: a fresh directory
+                        under target/compare/data; never tmpfs)
+  --seed N              the workload's seed (default: 2020202)
+  --max-other PCT       a cell during which other processes used more than PCT % of the
+                        CPUs is retried after the machine quietens (default: 20)
+  --retries N           retries of such a cell; the least disturbed attempt is kept
+                        (default: 3; 0 disables)";
+
+/// The command line.
+#[derive(Debug, Clone)]
+struct Args {
+    systems: Vec<Kind>,
+    workloads: Vec<Workload>,
+    callers: Vec<usize>,
+    keys: Vec<u64>,
+    seconds: f64,
+    warmup: f64,
+    response_bytes: usize,
+    postgres: Option<String>,
+    redis: Option<String>,
+    out: PathBuf,
+    data_dir: Option<PathBuf>,
+    seed: u64,
+    max_other: f64,
+    retries: usize,
+}
+
+fn list<T>(value: &str, what: &str, parse: impl Fn(&str) -> Option<T>) -> Result<Vec<T>, String> {
+    let items: Vec<T> = value
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| parse(s).ok_or_else(|| format!("{what}: bad value {s:?}")))
+        .collect::<Result<_, _>>()?;
+    if items.is_empty() {
+        return Err(format!("{what}: empty list"));
+    }
+    Ok(items)
+}
+
+fn seconds(value: &str, what: &str) -> Result<f64, String> {
+    value
+        .parse::<f64>()
+        .ok()
+        .filter(|s| s.is_finite() && *s >= 0.0)
+        .ok_or_else(|| format!("{what}: bad number of seconds {value:?}"))
+}
+
+impl Args {
+    fn parse(mut argv: impl Iterator<Item = String>) -> Result<Args, String> {
+        let mut args = Args {
+            systems: Kind::ALL.to_vec(),
+            workloads: Workload::ALL.to_vec(),
+            callers: vec![1, 4, 16, 64, 256],
+            keys: vec![100_000],
+            seconds: 3.0,
+            warmup: 0.5,
+            response_bytes: 256,
+            postgres: None,
+            redis: None,
+            out: PathBuf::from("target/compare"),
+            data_dir: None,
+            seed: 2_020_202,
+            max_other: 20.0,
+            retries: 3,
+        };
+        while let Some(flag) = argv.next() {
+            if flag == "-h" || flag == "--help" {
+                return Err(String::new());
+            }
+            let (name, inline) = match flag.split_once('=') {
+                Some((n, v)) => (n.to_string(), Some(v.to_string())),
+                None => (flag.clone(), None),
+            };
+            let mut value = || {
+                inline
+                    .clone()
+                    .or_else(|| argv.next())
+                    .ok_or_else(|| format!("{name} needs a value"))
+            };
+            match name.as_str() {
+                "--systems" => args.systems = list(&value()?, &name, Kind::parse)?,
+                "--workloads" => args.workloads = list(&value()?, &name, Workload::parse)?,
+                "--callers" => {
+                    args.callers = list(&value()?, &name, |s| s.parse().ok().filter(|&n| n > 0))?;
+                }
+                "--keys" => args.keys = list(&value()?, &name, |s| s.parse().ok())?,
+                "--seconds" => args.seconds = seconds(&value()?, &name)?,
+                "--warmup" => args.warmup = seconds(&value()?, &name)?,
+                "--response-bytes" => {
+                    args.response_bytes = value()?
+                        .parse()
+                        .map_err(|_| format!("{name}: not a number"))?;
+                }
+                "--postgres" => args.postgres = Some(value()?),
+                "--redis" => args.redis = Some(value()?),
+                "--out" => args.out = PathBuf::from(value()?),
+                "--data-dir" => args.data_dir = Some(PathBuf::from(value()?)),
+                "--max-other" => {
+                    args.max_other = value()?
+                        .parse()
+                        .ok()
+                        .filter(|p: &f64| *p > 0.0)
+                        .ok_or_else(|| format!("{name}: not a positive percentage"))?;
+                }
+                "--retries" => {
+                    args.retries = value()?
+                        .parse()
+                        .map_err(|_| format!("{name}: not a number"))?;
+                }
+                "--seed" => {
+                    args.seed = value()?
+                        .parse()
+                        .map_err(|_| format!("{name}: not a number"))?
+                }
+                other => return Err(format!("unknown argument {other:?}")),
+            }
+        }
+        if args.seconds <= 0.0 {
+            return Err("--seconds must be positive".into());
+        }
+        Ok(args)
+    }
+}
+
+fn main() {
+    let args = match Args::parse(std::env::args().skip(1)) {
+        Ok(args) => args,
+        Err(e) => {
+            if !e.is_empty() {
+                eprintln!("error: {e}");
+            }
+            eprintln!("{USAGE}");
+            std::process::exit(if e.is_empty() { 0 } else { 2 });
+        }
+    };
+    if let Err(e) = run(&args) {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
+}
+
+/// Lets the preload's writes reach the disk before the first cell: `sync`, then a second's
+/// pause, so no system's first cell pays for the writeback of its own (or another's) bulk load.
+fn settle() {
+    let _ = std::process::Command::new("sync").status();
+    std::thread::sleep(Duration::from_secs(1));
+}
+
+/// What every cell of one system shares.
+struct CellContext<'a> {
+    system: &'a dyn systems::System,
+    name: &'static str,
+    keys: u64,
+    args: &'a Args,
+    cpus: usize,
+    ticks: u64,
+    device: Option<&'a Device>,
+}
+
+/// Runs one cell, and again (with new keys, after waiting for quiet) while other work used more
+/// than `--max-other` % of the CPUs, up to `--retries` times; keeps the least disturbed attempt.
+fn measure_cell(
+    ctx: &CellContext<'_>,
+    spec: Spec,
+    workload_index: usize,
+    label: &str,
+    notes: &mut Vec<String>,
+) -> Option<Row> {
+    let args = ctx.args;
+    let mut best: Option<Row> = None;
+    let mut last_other = 0.0;
+    for attempt in 0..=args.retries {
+        if attempt > 0 {
+            eprintln!(
+                "{label}: other work used {last_other:.0}% of the CPUs; \
+                 waiting for quiet, then retry {attempt}/{}",
+                args.retries
+            );
+            wait_for_quiet(args.max_other, ctx.cpus, ctx.ticks);
+        }
+        // Every attempt draws its own keys: the earlier ones are in the store.
+        let cell =
+            (attempt as u64 * 4 + workload_index as u64 + 1) * 1_000_000 + spec.callers as u64;
+        match runner::run(ctx.system, spec, cell, ctx.device) {
+            Ok(outcome) => {
+                let row = Row::new(ctx.name, ctx.keys, &spec, outcome, ctx.ticks, ctx.cpus);
+                eprintln!("{}", report::table_row(&row));
+                last_other = row.others_pct;
+                if best.as_ref().is_none_or(|b| row.others_pct < b.others_pct) {
+                    best = Some(row);
+                }
+            }
+            Err(e) => {
+                let note = format!("{label}: cell aborted: {e}");
+                eprintln!("{note}");
+                notes.push(note);
+                break;
+            }
+        }
+        if best
+            .as_ref()
+            .is_some_and(|b| b.others_pct <= args.max_other)
+        {
+            break;
+        }
+    }
+    if let Some(row) = &best {
+        if row.others_pct > args.max_other {
+            notes.push(format!(
+                "{label}: other work used {:.0}% of the CPUs in the best of {} attempts",
+                row.others_pct,
+                args.retries + 1
+            ));
+        }
+    }
+    best
+}
+
+/// Waits (at most two minutes) until other processes use at most half of `max_other` % of the
+/// CPUs for three seconds in a row.
+fn wait_for_quiet(max_other: f64, cpus: usize, tps: u64) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut quiet = 0;
+    while quiet < 3 && Instant::now() < deadline {
+        let others =
+            100.0 * measure::others_busy(Duration::from_secs(1), &runner::SERVERS, tps, cpus);
+        quiet = if others <= max_other / 2.0 {
+            quiet + 1
+        } else {
+            0
+        };
+    }
+}
+
+/// The idemdb source measured: its git commit, and whether `src/` had uncommitted changes.
+fn idemdb_revision() -> String {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .arg("-C")
+            .arg(root)
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    match git(&["rev-parse", "--short", "HEAD"]) {
+        None => "idemdb (no git revision)".into(),
+        Some(rev) => match git(&["status", "--porcelain", "--", "src", "Cargo.toml"]) {
+            Some(changes) if !changes.is_empty() => {
+                format!("idemdb {rev} + uncommitted changes in src/")
+            }
+            _ => format!("idemdb {rev}"),
+        },
+    }
+}
+
+/// Preload time of one (system, keys) pair.
+struct Preload {
+    system: &'static str,
+    keys: u64,
+    took: Duration,
+}
+
+fn run(args: &Args) -> systems::Result<()> {
+    let started = Instant::now();
+    std::fs::create_dir_all(&args.out)?;
+    let (data_root, owned) = match &args.data_dir {
+        Some(dir) => (dir.clone(), false),
+        None => {
+            let stamp = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs());
+            (
+                args.out
+                    .join("data")
+                    .join(format!("run-{stamp}-{}", std::process::id())),
+                true,
+            )
+        }
+    };
+    std::fs::create_dir_all(&data_root)?;
+    let machine = Machine::describe(&data_root);
+    let device = Device::of(&data_root);
+    let ticks = measure::ticks_per_second();
+
+    let mut head = String::new();
+    let _ = writeln!(
+        head,
+        "machine: {} CPUs ({}), {} RAM, Linux {}",
+        machine.cpus, machine.cpu_model, machine.memory, machine.kernel
+    );
+    let _ = writeln!(
+        head,
+        "data dir: {} on {}, device {}",
+        data_root.display(),
+        machine.filesystem,
+        device.as_ref().map_or_else(
+            |e| format!("unknown ({e}): no bytes/flush figures"),
+            |d| { format!("{} ({}:{})", d.name, d.major, d.minor) }
+        )
+    );
+    let _ = writeln!(
+        head,
+        "run: {} s per cell after {} s warm-up; callers {:?}; keys {:?}; response {} bytes; seed {}; \
+         cells retried up to {} times while other work uses > {}% of the CPUs",
+        args.seconds,
+        args.warmup,
+        args.callers,
+        args.keys,
+        args.response_bytes,
+        args.seed,
+        args.retries,
+        args.max_other
+    );
+    let _ = writeln!(
+        head,
+        "load average at start: {} (anything else running skews every figure)",
+        std::fs::read_to_string("/proc/loadavg")
+            .unwrap_or_default()
+            .split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    let _ = writeln!(
+        head,
+        "cpu_us/op counts the whole machine (harness clients + server processes + anything else)."
+    );
+    let _ = writeln!(
+        head,
+        "servers, if any, must keep their data on the same device for B/op and flush/op to count them."
+    );
+    std::fs::write(args.out.join("machine.txt"), &head)?;
+    if machine.on_memory() {
+        eprintln!(
+            "warning: the data dir is on {}: fsync costs nothing there, the figures mean nothing",
+            machine.filesystem
+        );
+    }
+    eprint!("{head}");
+
+    let payload = Payload::new(args.seed, args.response_bytes);
+    let mut notes: Vec<String> = Vec::new();
+    let mut rows: Vec<Row> = Vec::new();
+    let mut preloads: Vec<Preload> = Vec::new();
+    let mut versions: Vec<String> = vec![format!("sqlite {}", rusqlite::version())];
+
+    for &keys in &args.keys {
+        for &kind in &args.systems {
+            let setup = Setup {
+                dir: data_root.join(format!("{}-{keys}", kind.name())),
+                seed: args.seed,
+                payload: payload.clone(),
+                postgres: args.postgres.clone(),
+                redis: args.redis.clone(),
+            };
+            match systems::probe(kind, &setup) {
+                Ok(Some(version)) if !versions.contains(&version) => versions.push(version),
+                Ok(_) => {}
+                Err(e) => {
+                    let note = format!("{}: skipped ({e})", kind.name());
+                    eprintln!("{note}");
+                    if !notes.contains(&note) {
+                        notes.push(note);
+                    }
+                    continue;
+                }
+            }
+            let (preload_keys, what) = if kind == Kind::FsyncFloor {
+                (0, "setting up".to_string())
+            } else {
+                (keys, format!("preloading {keys} keys"))
+            };
+            eprintln!("{}: {what} ...", kind.name());
+            let t = Instant::now();
+            let system = match systems::open(kind, &setup, preload_keys) {
+                Ok(s) => s,
+                Err(e) => {
+                    let note = format!("{} keys {keys}: open/preload failed: {e}", kind.name());
+                    eprintln!("{note}");
+                    notes.push(note);
+                    continue;
+                }
+            };
+            let took = t.elapsed();
+            if preload_keys > 0 {
+                eprintln!(
+                    "{}: preloaded {keys} keys in {:.1} s ({:.0} keys/s)",
+                    kind.name(),
+                    took.as_secs_f64(),
+                    keys as f64 / took.as_secs_f64()
+                );
+                preloads.push(Preload {
+                    system: kind.name(),
+                    keys,
+                    took,
+                });
+            }
+            settle();
+            let dev = device.as_ref().ok();
+            for (w, &workload) in args.workloads.iter().enumerate() {
+                let callers: Vec<usize> = if kind.single_caller() {
+                    vec![1]
+                } else {
+                    args.callers.clone()
+                };
+                for c in callers {
+                    let spec = Spec {
+                        workload,
+                        callers: c,
+                        warmup: Duration::from_secs_f64(args.warmup),
+                        window: Duration::from_secs_f64(args.seconds),
+                        seed: args.seed,
+                    };
+                    let label = format!(
+                        "{} keys {keys} {} {c} callers",
+                        kind.name(),
+                        workload.name()
+                    );
+                    let ctx = CellContext {
+                        system: &*system,
+                        name: kind.name(),
+                        keys,
+                        args,
+                        cpus: machine.cpus,
+                        ticks,
+                        device: dev,
+                    };
+                    if let Some(row) = measure_cell(&ctx, spec, w, &label, &mut notes) {
+                        rows.push(row);
+                    }
+                }
+            }
+            if let Err(e) = system.destroy() {
+                notes.push(format!("{}: cleanup failed: {e}", kind.name()));
+            }
+        }
+    }
+    if owned {
+        let _ = std::fs::remove_dir_all(&data_root);
+    }
+
+    let mut text = head.clone();
+    let _ = writeln!(
+        text,
+        "versions: {}, redb 4, {}",
+        idemdb_revision(),
+        versions.join(", ")
+    );
+    for note in &notes {
+        let _ = writeln!(text, "note: {note}");
+    }
+    let _ = writeln!(text, "\n{}", report::header());
+    for row in &rows {
+        let _ = writeln!(text, "{}", report::table_row(row));
+    }
+    let _ = writeln!(text, "\n{}", report::LEGEND);
+    if !preloads.is_empty() {
+        let _ = writeln!(
+            text,
+            "\npreload (completed records, fastest bulk path of each system):"
+        );
+        for p in &preloads {
+            let _ = writeln!(
+                text,
+                "  {:<11} {:>9} keys {:>8.1} s {:>10.0} keys/s",
+                p.system,
+                p.keys,
+                p.took.as_secs_f64(),
+                p.keys as f64 / p.took.as_secs_f64()
+            );
+        }
+        let _ = writeln!(
+            text,
+            "  (each preloaded database is reused for all of its cells: every cell adds new keys)"
+        );
+    }
+    let peers: Vec<&str> = ["naive-redb", "sqlite", "postgres", "redis"].to_vec();
+    let ratios = report::ratios(&rows, &peers);
+    if !ratios.is_empty() {
+        let _ = writeln!(text, "\nratios:\n{ratios}");
+    }
+
+    std::fs::write(args.out.join("results.csv"), report::csv(&rows))?;
+    let mut plots = Vec::new();
+    for &keys in &args.keys {
+        for &workload in &args.workloads {
+            let group: Vec<Row> = rows
+                .iter()
+                .filter(|r| r.keys == keys && r.workload == workload.name())
+                .cloned()
+                .collect();
+            if group.is_empty() {
+                continue;
+            }
+            let cycle = workload == Workload::Cycle;
+            let (title, y_label) = if cycle {
+                (
+                    format!("claim + complete: latency vs throughput, {keys} preloaded keys"),
+                    "claim+complete latency, p50 (log scale)",
+                )
+            } else {
+                (
+                    format!("new-key claim: latency vs throughput, {keys} preloaded keys"),
+                    "claim latency, p50 (log scale)",
+                )
+            };
+            let path = args.out.join(format!(
+                "latency-vs-throughput-{}-{keys}.svg",
+                workload.name()
+            ));
+            std::fs::write(&path, plot::svg(&title, y_label, &group, cycle))?;
+            plots.push(path);
+        }
+    }
+    let _ = writeln!(
+        text,
+        "outputs: {}, {}{}",
+        args.out.join("results.csv").display(),
+        args.out.join("machine.txt").display(),
+        plots
+            .iter()
+            .map(|p| format!(", {}", p.display()))
+            .collect::<String>()
+    );
+    let _ = writeln!(text, "total time: {:.0} s", started.elapsed().as_secs_f64());
+    print!("{text}");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Args, String> {
+        Args::parse(args.iter().map(|s| (*s).to_string()))
+    }
+
+    #[test]
+    fn flags_parse_lists_and_numbers() {
+        let a = parse(&[
+            "--systems",
+            "idemdb,sqlite",
+            "--callers=1,64",
+            "--keys",
+            "10000",
+            "--seconds",
+            "1",
+            "--workloads",
+            "claim",
+        ])
+        .unwrap();
+        assert_eq!(a.systems, vec![Kind::Idemdb, Kind::Sqlite]);
+        assert_eq!(a.callers, vec![1, 64]);
+        assert_eq!(a.keys, vec![10_000]);
+        assert_eq!(a.workloads, vec![Workload::Claim]);
+        assert!((a.seconds - 1.0).abs() < f64::EPSILON);
+    }
+
+    #[test]
+    fn bad_flags_are_errors() {
+        assert!(parse(&["--systems", "mysql"]).is_err());
+        assert!(parse(&["--callers", "0"]).is_err());
+        assert!(parse(&["--seconds"]).is_err());
+        assert!(parse(&["--frobnicate"]).is_err());
+    }
+}
