@@ -11,8 +11,9 @@
 //!   default (`Immediate`) durability. Both pay one fsync per claim here; the ratio is
 //!   idemdb's overhead over "just redb".
 //! - `claim_throughput`: new-key claims per second with 1, 4, 16 and 64 threads. idemdb
-//!   group-commits concurrent claims (one write transaction and one fsync per batch); the
-//!   naive baseline serialises one fsync per claim, whatever the thread count.
+//!   group-commits concurrent claims (one journal entry and one fsync per batch); the naive
+//!   baseline serialises one fsync per claim, whatever the thread count. `idemdb_no_journal` is
+//!   idemdb with `journal_size(0)`: each batch a durable redb commit, as before the journal.
 //! - `decisions`: the answers that change nothing (replay, in progress, mismatch) on one
 //!   thread. idemdb decides them from its in-memory index (a replay also reads the response
 //!   from the file) and never fsyncs; `naive_redb/existing_key` is what the baseline does for
@@ -320,22 +321,29 @@ fn side_by_side(
         .throughput(Throughput::Elements(1));
 
     for &threads in threads {
-        let idem = IdemBench::open();
-        let before = idem.store.stats();
-        let mut round = 0;
-        g.bench_with_input(BenchmarkId::new("idemdb", threads), &threads, |b, &n| {
-            b.iter_custom(|iters| {
-                round += 1;
-                let seed = derive_seed(seed, round, n);
-                run_parallel(n, iters, seed, &w, &|req| idem_op(&idem, &w, req))
+        // idemdb as shipped, and with its journal turned off (every batch a durable redb
+        // commit): the journal's effect, measured side by side.
+        for (name, journal) in [("idemdb", None), ("idemdb_no_journal", Some(0))] {
+            let builder = match journal {
+                Some(bytes) => Store::builder().journal_size(bytes),
+                None => Store::builder(),
+            };
+            let idem = IdemBench::open_with(builder);
+            let before = idem.store.stats();
+            let mut round = 0;
+            g.bench_with_input(BenchmarkId::new(name, threads), &threads, |b, &n| {
+                b.iter_custom(|iters| {
+                    round += 1;
+                    let seed = derive_seed(seed, round, n);
+                    run_parallel(n, iters, seed, &w, &|req| idem_op(&idem, &w, req))
+                });
             });
-        });
-        report_commits(
-            &format!("{group}/idemdb/{threads}"),
-            before,
-            idem.store.stats(),
-        );
-        drop(idem);
+            report_commits(
+                &format!("{group}/{name}/{threads}"),
+                before,
+                idem.store.stats(),
+            );
+        }
 
         let naive = NaiveRedb::open();
         let mut round = 0;
