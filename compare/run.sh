@@ -62,6 +62,11 @@ REDIS_PID=
 
 stop_servers() {
     local status=$?
+    if [[ -n "$HARNESS_PID" ]]; then
+        # Interrupted: let the harness go, then remove the data directory it could not.
+        wait "$HARNESS_PID" 2>/dev/null || true
+        rm -rf "$ROOT/target/compare/data/run-"*"-$HARNESS_PID"
+    fi
     if [[ -n "$REDIS_PID" ]]; then
         kill "$REDIS_PID" 2>/dev/null || true
         wait "$REDIS_PID" 2>/dev/null || true
@@ -88,8 +93,9 @@ stop_servers() {
     rm -rf "$SRV"
     exit "$status"
 }
+HARNESS_PID=
 trap stop_servers EXIT
-trap 'exit 130' INT TERM
+trap '[[ -z "$HARNESS_PID" ]] || kill -TERM "$HARNESS_PID" 2>/dev/null; exit 130' INT TERM
 
 # PostgreSQL refuses to run as root: the cluster belongs to the postgres OS user.
 mkdir -p "$PG_DIR"
@@ -127,8 +133,13 @@ log "redis $(redis-server --version | awk '{print $3}' | sed 's/^v=//') (pid $RE
     "appendfsync $(redis-cli -p "$REDIS_PORT" config get appendfsync | tail -n 1), data in $REDIS_DIR"
 
 # --- run -----------------------------------------------------------------------------------
-# Not exec: the trap must stop the servers afterwards.
+# In the background and waited for, so that a signal (Ctrl-C, `timeout`) runs the traps at once:
+# the harness is told to stop, then the EXIT trap stops the servers. `cargo run` execs the
+# harness, so HARNESS_PID is the harness itself.
 cargo run --release -p idemdb-compare -- \
     --postgres "host=127.0.0.1 port=$PG_PORT user=postgres dbname=idem" \
     --redis "127.0.0.1:$REDIS_PORT" \
-    "$@"
+    "$@" &
+HARNESS_PID=$!
+wait "$HARNESS_PID"
+HARNESS_PID=

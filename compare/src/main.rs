@@ -1,6 +1,7 @@
 //! `idemdb-compare`: idemdb next to naive redb, SQLite, PostgreSQL, Redis and the disk's fsync
 //! floor, on one durable-claim workload, on one machine, in one run. See `compare/README.md`.
 
+mod cli;
 mod executor;
 mod machine;
 mod measure;
@@ -10,6 +11,7 @@ mod runner;
 mod systems;
 mod workload;
 
+use cli::{Args, USAGE};
 use machine::Machine;
 use measure::Device;
 use report::Row;
@@ -19,143 +21,6 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use systems::{Kind, Setup};
 use workload::Payload;
-
-const USAGE: &str = "\
-usage: idemdb-compare [options]
-  --systems LIST        idemdb,naive-redb,sqlite,postgres,redis,fsync-floor (default: all)
-  --workloads LIST      claim,cycle (default: both)
-  --callers LIST        caller threads per cell (default: 1,4,16,64,256)
-  --keys LIST           keys preloaded per system (default: 100000)
-  --seconds S           measured window per cell (default: 3)
-  --warmup S            warm-up before each window (default: 0.5)
-  --response-bytes N    response body size (default: 256)
-  --postgres CONN       e.g. \"host=127.0.0.1 port=54329 user=postgres dbname=idem\"
-  --redis HOST:PORT     a Redis with appendonly yes, appendfsync always
-  --out DIR             results directory (default: target/compare)
-  --data-dir DIR        where the embedded systems' files go (default: a fresh directory
-                        under target/compare/data; never tmpfs)
-  --seed N              the workload's seed (default: 2020202)
-  --max-other PCT       a cell during which other processes used more than PCT % of the
-                        CPUs is retried after the machine quietens (default: 20)
-  --retries N           retries of such a cell; the least disturbed attempt is kept
-                        (default: 3; 0 disables)";
-
-/// The command line.
-#[derive(Debug, Clone)]
-struct Args {
-    systems: Vec<Kind>,
-    workloads: Vec<Workload>,
-    callers: Vec<usize>,
-    keys: Vec<u64>,
-    seconds: f64,
-    warmup: f64,
-    response_bytes: usize,
-    postgres: Option<String>,
-    redis: Option<String>,
-    out: PathBuf,
-    data_dir: Option<PathBuf>,
-    seed: u64,
-    max_other: f64,
-    retries: usize,
-}
-
-fn list<T>(value: &str, what: &str, parse: impl Fn(&str) -> Option<T>) -> Result<Vec<T>, String> {
-    let items: Vec<T> = value
-        .split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(|s| parse(s).ok_or_else(|| format!("{what}: bad value {s:?}")))
-        .collect::<Result<_, _>>()?;
-    if items.is_empty() {
-        return Err(format!("{what}: empty list"));
-    }
-    Ok(items)
-}
-
-fn seconds(value: &str, what: &str) -> Result<f64, String> {
-    value
-        .parse::<f64>()
-        .ok()
-        .filter(|s| s.is_finite() && *s >= 0.0)
-        .ok_or_else(|| format!("{what}: bad number of seconds {value:?}"))
-}
-
-impl Args {
-    fn parse(mut argv: impl Iterator<Item = String>) -> Result<Args, String> {
-        let mut args = Args {
-            systems: Kind::ALL.to_vec(),
-            workloads: Workload::ALL.to_vec(),
-            callers: vec![1, 4, 16, 64, 256],
-            keys: vec![100_000],
-            seconds: 3.0,
-            warmup: 0.5,
-            response_bytes: 256,
-            postgres: None,
-            redis: None,
-            out: PathBuf::from("target/compare"),
-            data_dir: None,
-            seed: 2_020_202,
-            max_other: 20.0,
-            retries: 3,
-        };
-        while let Some(flag) = argv.next() {
-            if flag == "-h" || flag == "--help" {
-                return Err(String::new());
-            }
-            let (name, inline) = match flag.split_once('=') {
-                Some((n, v)) => (n.to_string(), Some(v.to_string())),
-                None => (flag.clone(), None),
-            };
-            let mut value = || {
-                inline
-                    .clone()
-                    .or_else(|| argv.next())
-                    .ok_or_else(|| format!("{name} needs a value"))
-            };
-            match name.as_str() {
-                "--systems" => args.systems = list(&value()?, &name, Kind::parse)?,
-                "--workloads" => args.workloads = list(&value()?, &name, Workload::parse)?,
-                "--callers" => {
-                    args.callers = list(&value()?, &name, |s| s.parse().ok().filter(|&n| n > 0))?;
-                }
-                "--keys" => args.keys = list(&value()?, &name, |s| s.parse().ok())?,
-                "--seconds" => args.seconds = seconds(&value()?, &name)?,
-                "--warmup" => args.warmup = seconds(&value()?, &name)?,
-                "--response-bytes" => {
-                    args.response_bytes = value()?
-                        .parse()
-                        .map_err(|_| format!("{name}: not a number"))?;
-                }
-                "--postgres" => args.postgres = Some(value()?),
-                "--redis" => args.redis = Some(value()?),
-                "--out" => args.out = PathBuf::from(value()?),
-                "--data-dir" => args.data_dir = Some(PathBuf::from(value()?)),
-                "--max-other" => {
-                    args.max_other = value()?
-                        .parse()
-                        .ok()
-                        .filter(|p: &f64| *p > 0.0)
-                        .ok_or_else(|| format!("{name}: not a positive percentage"))?;
-                }
-                "--retries" => {
-                    args.retries = value()?
-                        .parse()
-                        .map_err(|_| format!("{name}: not a number"))?;
-                }
-                "--seed" => {
-                    args.seed = value()?
-                        .parse()
-                        .map_err(|_| format!("{name}: not a number"))?
-                }
-                other => return Err(format!("unknown argument {other:?}")),
-            }
-        }
-        if args.seconds <= 0.0 {
-            return Err("--seconds must be positive".into());
-        }
-        Ok(args)
-    }
-}
 
 fn main() {
     let args = match Args::parse(std::env::args().skip(1)) {
@@ -173,6 +38,10 @@ fn main() {
         std::process::exit(1);
     }
 }
+
+/// Where the embedded systems' files go by default, one `run-<time>-<pid>` directory per run (on
+/// the build's disk: never `/tmp`, which may be tmpfs).
+const DEFAULT_DATA_ROOT: &str = "target/compare/data";
 
 /// Lets the preload's writes reach the disk before the first cell: `sync`, then a second's
 /// pause, so no system's first cell pays for the writeback of its own (or another's) bulk load.
@@ -308,8 +177,7 @@ fn run(args: &Args) -> systems::Result<()> {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs());
             (
-                args.out
-                    .join("data")
+                PathBuf::from(DEFAULT_DATA_ROOT)
                     .join(format!("run-{stamp}-{}", std::process::id())),
                 true,
             )
@@ -390,6 +258,7 @@ fn run(args: &Args) -> systems::Result<()> {
                 payload: payload.clone(),
                 postgres: args.postgres.clone(),
                 redis: args.redis.clone(),
+                preload_limit: Duration::from_secs_f64(args.max_preload),
             };
             match systems::probe(kind, &setup) {
                 Ok(Some(version)) if !versions.contains(&version) => versions.push(version),
@@ -416,6 +285,7 @@ fn run(args: &Args) -> systems::Result<()> {
                     let note = format!("{} keys {keys}: open/preload failed: {e}", kind.name());
                     eprintln!("{note}");
                     notes.push(note);
+                    let _ = std::fs::remove_dir_all(&setup.dir);
                     continue;
                 }
             };
@@ -477,128 +347,141 @@ fn run(args: &Args) -> systems::Result<()> {
         let _ = std::fs::remove_dir_all(&data_root);
     }
 
-    let mut text = head.clone();
-    let _ = writeln!(
-        text,
-        "versions: {}, redb 4, {}",
-        idemdb_revision(),
-        versions.join(", ")
-    );
-    for note in &notes {
-        let _ = writeln!(text, "note: {note}");
-    }
-    let _ = writeln!(text, "\n{}", report::header());
-    for row in &rows {
-        let _ = writeln!(text, "{}", report::table_row(row));
-    }
-    let _ = writeln!(text, "\n{}", report::LEGEND);
-    if !preloads.is_empty() {
-        let _ = writeln!(
-            text,
-            "\npreload (completed records, fastest bulk path of each system):"
-        );
-        for p in &preloads {
-            let _ = writeln!(
-                text,
-                "  {:<11} {:>9} keys {:>8.1} s {:>10.0} keys/s",
-                p.system,
-                p.keys,
-                p.took.as_secs_f64(),
-                p.keys as f64 / p.took.as_secs_f64()
-            );
-        }
-        let _ = writeln!(
-            text,
-            "  (each preloaded database is reused for all of its cells: every cell adds new keys)"
-        );
-    }
-    let peers: Vec<&str> = ["naive-redb", "sqlite", "postgres", "redis"].to_vec();
-    let ratios = report::ratios(&rows, &peers);
-    if !ratios.is_empty() {
-        let _ = writeln!(text, "\nratios:\n{ratios}");
-    }
-
-    std::fs::write(args.out.join("results.csv"), report::csv(&rows))?;
-    let mut plots = Vec::new();
-    for &keys in &args.keys {
-        for &workload in &args.workloads {
-            let group: Vec<Row> = rows
-                .iter()
-                .filter(|r| r.keys == keys && r.workload == workload.name())
-                .cloned()
-                .collect();
-            if group.is_empty() {
-                continue;
-            }
-            let cycle = workload == Workload::Cycle;
-            let (title, y_label) = if cycle {
-                (
-                    format!("claim + complete: latency vs throughput, {keys} preloaded keys"),
-                    "claim+complete latency, p50 (log scale)",
-                )
-            } else {
-                (
-                    format!("new-key claim: latency vs throughput, {keys} preloaded keys"),
-                    "claim latency, p50 (log scale)",
-                )
-            };
-            let path = args.out.join(format!(
-                "latency-vs-throughput-{}-{keys}.svg",
-                workload.name()
-            ));
-            std::fs::write(&path, plot::svg(&title, y_label, &group, cycle))?;
-            plots.push(path);
-        }
-    }
-    let _ = writeln!(
-        text,
-        "outputs: {}, {}{}",
-        args.out.join("results.csv").display(),
-        args.out.join("machine.txt").display(),
-        plots
-            .iter()
-            .map(|p| format!(", {}", p.display()))
-            .collect::<String>()
-    );
-    let _ = writeln!(text, "total time: {:.0} s", started.elapsed().as_secs_f64());
-    print!("{text}");
-    Ok(())
+    let finished = Finished {
+        head,
+        versions,
+        notes,
+        rows,
+        preloads,
+    };
+    finished.write(args, started)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// Everything a run gathered, for the outputs.
+struct Finished {
+    head: String,
+    versions: Vec<String>,
+    notes: Vec<String>,
+    rows: Vec<Row>,
+    preloads: Vec<Preload>,
+}
 
-    fn parse(args: &[&str]) -> Result<Args, String> {
-        Args::parse(args.iter().map(|s| (*s).to_string()))
-    }
+impl Finished {
+    /// Prints the summary (machine, notes, table, preloads, ratios) and writes it with the CSVs
+    /// and the plots into the out directory.
+    fn write(self, args: &Args, started: Instant) -> systems::Result<()> {
+        let Finished {
+            head,
+            versions,
+            notes,
+            rows,
+            preloads,
+        } = self;
+        let mut text = head.clone();
+        let _ = writeln!(
+            text,
+            "versions: {}, redb 4, {}",
+            idemdb_revision(),
+            versions.join(", ")
+        );
+        for note in &notes {
+            let _ = writeln!(text, "note: {note}");
+        }
+        let _ = writeln!(text, "\n{}", report::header());
+        for row in &rows {
+            let _ = writeln!(text, "{}", report::table_row(row));
+        }
+        let _ = writeln!(text, "\n{}", report::LEGEND);
+        if !preloads.is_empty() {
+            let _ = writeln!(
+                text,
+                "\npreload (completed records, fastest bulk path of each system):"
+            );
+            for p in &preloads {
+                let _ = writeln!(
+                    text,
+                    "  {:<11} {:>9} keys {:>8.1} s {:>10.0} keys/s",
+                    p.system,
+                    p.keys,
+                    p.took.as_secs_f64(),
+                    p.keys as f64 / p.took.as_secs_f64()
+                );
+            }
+            let _ = writeln!(
+                text,
+                "  (each preloaded database is reused for all of its cells: every cell adds new keys)"
+            );
+        }
+        let peers: Vec<&str> = ["naive-redb", "sqlite", "postgres", "redis"].to_vec();
+        let ratios = report::ratios(&rows, &peers);
+        if !ratios.is_empty() {
+            let _ = writeln!(text, "\nratios:\n{ratios}");
+        }
 
-    #[test]
-    fn flags_parse_lists_and_numbers() {
-        let a = parse(&[
-            "--systems",
-            "idemdb,sqlite",
-            "--callers=1,64",
-            "--keys",
-            "10000",
-            "--seconds",
-            "1",
-            "--workloads",
-            "claim",
-        ])
-        .unwrap();
-        assert_eq!(a.systems, vec![Kind::Idemdb, Kind::Sqlite]);
-        assert_eq!(a.callers, vec![1, 64]);
-        assert_eq!(a.keys, vec![10_000]);
-        assert_eq!(a.workloads, vec![Workload::Claim]);
-        assert!((a.seconds - 1.0).abs() < f64::EPSILON);
+        std::fs::write(args.out.join("results.csv"), report::csv(&rows))?;
+        std::fs::write(args.out.join("preload.csv"), preload_csv(&preloads))?;
+        let mut plots = Vec::new();
+        for &keys in &args.keys {
+            for &workload in &args.workloads {
+                let group: Vec<Row> = rows
+                    .iter()
+                    .filter(|r| r.keys == keys && r.workload == workload.name())
+                    .cloned()
+                    .collect();
+                if group.is_empty() {
+                    continue;
+                }
+                let cycle = workload == Workload::Cycle;
+                let (title, y_label) = if cycle {
+                    (
+                        format!("claim + complete: latency vs throughput, {keys} preloaded keys"),
+                        "claim+complete latency, p50 (log scale)",
+                    )
+                } else {
+                    (
+                        format!("new-key claim: latency vs throughput, {keys} preloaded keys"),
+                        "claim latency, p50 (log scale)",
+                    )
+                };
+                let path = args.out.join(format!(
+                    "latency-vs-throughput-{}-{keys}.svg",
+                    workload.name()
+                ));
+                std::fs::write(&path, plot::svg(&title, y_label, &group, cycle))?;
+                plots.push(path);
+            }
+        }
+        let _ = writeln!(
+            text,
+            "outputs: {}, {}, {}, {}{}",
+            args.out.join("summary.txt").display(),
+            args.out.join("results.csv").display(),
+            args.out.join("preload.csv").display(),
+            args.out.join("machine.txt").display(),
+            plots
+                .iter()
+                .map(|p| format!(", {}", p.display()))
+                .collect::<String>()
+        );
+        let _ = writeln!(text, "total time: {:.0} s", started.elapsed().as_secs_f64());
+        std::fs::write(args.out.join("summary.txt"), &text)?;
+        print!("{text}");
+        Ok(())
     }
+}
 
-    #[test]
-    fn bad_flags_are_errors() {
-        assert!(parse(&["--systems", "mysql"]).is_err());
-        assert!(parse(&["--callers", "0"]).is_err());
-        assert!(parse(&["--seconds"]).is_err());
-        assert!(parse(&["--frobnicate"]).is_err());
+/// The preload times as CSV.
+fn preload_csv(preloads: &[Preload]) -> String {
+    let mut out = String::from("system,keys,seconds,keys_per_s\n");
+    for p in preloads {
+        let secs = p.took.as_secs_f64();
+        let _ = writeln!(
+            out,
+            "{},{},{secs:.3},{:.1}",
+            report::csv_field(p.system),
+            p.keys,
+            p.keys as f64 / secs
+        );
     }
+    out
 }

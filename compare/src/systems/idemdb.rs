@@ -28,10 +28,13 @@ impl IdemdbSystem {
             .collect();
         let payload = setup.payload.clone();
         let mut requests = setup.preload_requests();
-        executor::run_all(keys, PRELOAD_IN_FLIGHT, |_| {
+        let started = std::time::Instant::now();
+        executor::run_all(keys, PRELOAD_IN_FLIGHT, |i| {
+            let step = setup.preload_step("idemdb", i, keys, started);
             let req = requests.next_request();
             let (store, scopes, payload) = (&store, &scopes, &payload);
             async move {
+                step?;
                 let fp = Fingerprint::of(&req.body);
                 match store.claim_async(&scopes[req.tenant], &req.key, fp).await? {
                     Claim::Acquired(ticket) => {

@@ -11,6 +11,7 @@ mod sqlite;
 
 use crate::workload::{Payload, Request, Requests, Rng};
 use std::path::PathBuf;
+use std::time::{Duration, Instant};
 
 /// Every error the harness reports: a message, aborting the cell it happened in.
 pub type Error = Box<dyn std::error::Error + Send + Sync>;
@@ -104,12 +105,31 @@ pub struct Setup {
     pub postgres: Option<String>,
     /// `host:port` of the Redis server.
     pub redis: Option<String>,
+    /// How long a preload may run before it is stopped (and the system skipped).
+    pub preload_limit: Duration,
 }
 
 impl Setup {
     /// The stream of keys the preload inserts (never drawn by a measured cell).
     pub fn preload_requests(&self) -> Requests {
         Requests::new(Rng::derive(self.seed, 0x009e_10ad, 0))
+    }
+
+    /// Called as a preload goes: prints its progress at every millionth key, and fails once it
+    /// has run longer than [`Setup::preload_limit`], with the rate it reached.
+    pub fn preload_step(&self, system: &str, done: u64, keys: u64, started: Instant) -> Result<()> {
+        let took = started.elapsed().as_secs_f64();
+        if keys >= 2_000_000 && done > 0 && done.is_multiple_of(1_000_000) {
+            eprintln!("{system}: {done} of {keys} keys loaded ({took:.0} s)");
+        }
+        if done < keys && started.elapsed() > self.preload_limit {
+            return fail(format!(
+                "preload stopped after {took:.0} s (--max-preload) at {done} of {keys} keys, \
+                 {:.0} keys/s",
+                done as f64 / took
+            ));
+        }
+        Ok(())
     }
 }
 

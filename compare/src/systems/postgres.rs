@@ -61,6 +61,7 @@ impl PostgresSystem {
         let mut requests = setup.preload_requests();
         let mut done = 0;
         let mut line = Vec::new();
+        let started = std::time::Instant::now();
         while done < keys {
             let mut txn = client.transaction()?;
             let mut copy = txn.copy_in("COPY claims FROM STDIN")?;
@@ -81,6 +82,7 @@ impl PostgresSystem {
             }
             copy.finish()?;
             txn.commit()?;
+            setup.preload_step("postgres", done, keys, started)?;
         }
         client.batch_execute(PRIMARY_KEY)?;
         client.batch_execute("ANALYZE claims")?;

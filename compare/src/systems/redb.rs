@@ -24,6 +24,7 @@ impl RedbSystem {
         let db = Database::create(setup.dir.join("naive.redb"))?;
         let mut requests = setup.preload_requests();
         let mut done = 0;
+        let started = std::time::Instant::now();
         loop {
             let txn = db.begin_write()?;
             {
@@ -42,6 +43,7 @@ impl RedbSystem {
                 }
             }
             txn.commit()?;
+            setup.preload_step("naive-redb", done, keys, started)?;
             if done == keys {
                 break;
             }

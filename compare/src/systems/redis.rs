@@ -149,6 +149,7 @@ fn preload(conn: &mut Conn, setup: &Setup, keys: u64) -> Result<()> {
     let ttl = TTL_MS.to_string();
     let mut requests = setup.preload_requests();
     let mut done = 0;
+    let started = Instant::now();
     while done < keys {
         let batch = PIPELINE.min(keys - done);
         conn.buf.clear();
@@ -176,6 +177,7 @@ fn preload(conn: &mut Conn, setup: &Setup, keys: u64) -> Result<()> {
             }
         }
         done += batch;
+        setup.preload_step("redis", done, keys, started)?;
     }
     Ok(())
 }

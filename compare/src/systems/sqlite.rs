@@ -62,6 +62,7 @@ impl SqliteSystem {
         let expires = (now_ms() + TTL_MS) as i64;
         let mut requests = setup.preload_requests();
         let mut done = 0;
+        let started = std::time::Instant::now();
         while done < keys {
             let txn = conn.transaction()?;
             {
@@ -81,6 +82,7 @@ impl SqliteSystem {
                 }
             }
             txn.commit()?;
+            setup.preload_step("sqlite", done, keys, started)?;
         }
         // Leave a short WAL, so the first cell does not pay the preload's checkpoint.
         conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
