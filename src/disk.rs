@@ -5,7 +5,7 @@
 
 use crate::error::{Error, Result};
 use crate::index::{Index, KeyHash, Slot, SlotState};
-use crate::record::{Head, HeadState, Record, RecordState};
+use crate::record::{Head, HeadState, Record};
 use crate::scope::display_scoped_key;
 use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
 
@@ -445,21 +445,6 @@ fn slot_of_head(head: &Head, index: &Index) -> Slot {
         head.fingerprint,
     ));
     Slot::new(head.fence, tag, state)
-}
-
-/// The index slot of `record`, as it is on disk (a completion there is durable).
-pub(crate) fn slot_of(record: &Record, index: &Index, orphan: bool) -> Slot {
-    let state = match record.state {
-        RecordState::InProgress { lease_until } => SlotState::InProgress {
-            lease_until,
-            orphan,
-        },
-        RecordState::Completed { expires_at, .. } => SlotState::Completed {
-            expires_at,
-            durable: true,
-        },
-    };
-    Slot::new(record.fence, index.tag(&record.fingerprint()), state)
 }
 
 /// A record with the scoped key it carries.

@@ -8,7 +8,7 @@ use crate::commit::{Pipeline, Seq};
 use crate::disk::{self, Gone, Op};
 use crate::error::{Error, Result};
 use crate::fingerprint::Fingerprint;
-use crate::index::{Index, IndexKey, Slot, SlotState};
+use crate::index::{Index, IndexKey, Slot, SlotState, Tag};
 use crate::record::RecordState as Stored;
 use crate::record::{response_size, Record, RecordState};
 use crate::replay_cache::{Cached, ReplayCache};
@@ -287,11 +287,11 @@ impl Store {
                     }
                     let seen = slot.clone();
                     drop(stripe);
-                    return self.take_over(key, fingerprint, &seen);
+                    return self.take_over(key, fingerprint, tag, &seen);
                 }
             },
         };
-        self.acquire(key, fingerprint, stripe, None, replaces)
+        self.acquire(key, fingerprint, tag, stripe, None, replaces)
     }
 
     /// Queues a new claim of `key`; the stripe lock is held from the decision until the claim
@@ -300,6 +300,7 @@ impl Store {
         &self,
         key: &IndexKey,
         fingerprint: Fingerprint,
+        tag: Tag,
         mut stripe: crate::sync::MutexGuard<'_, crate::index::Stripe>,
         takeover: Option<Takeover>,
         replaces: Option<Gone>,
@@ -321,7 +322,11 @@ impl Store {
             expiry: None,
             replaces,
         })?;
-        stripe.insert(key.hash, disk::slot_of(&record, &inner.index, false));
+        let state = SlotState::InProgress {
+            lease_until,
+            orphan: false,
+        };
+        stripe.insert(key.hash, Slot::new(fence, tag, state));
         drop(stripe);
         let ticket = Ticket {
             store: inner.id,
@@ -338,7 +343,13 @@ impl Store {
     /// Takes over the stale claim `seen`. Its record is read first, with no lock held: it is
     /// the proof that the claim is this key's, the full fingerprint to compare, and the claim
     /// time the new ticket reports. If the claim changed meanwhile, the caller looks again.
-    fn take_over(&self, key: &IndexKey, fingerprint: Fingerprint, seen: &Slot) -> Result<Attempt> {
+    fn take_over(
+        &self,
+        key: &IndexKey,
+        fingerprint: Fingerprint,
+        tag: Tag,
+        seen: &Slot,
+    ) -> Result<Attempt> {
         let Some(previous) = self.record_at(key, seen.fence())? else {
             return Ok(Attempt::Again);
         };
@@ -361,6 +372,7 @@ impl Store {
         self.acquire(
             key,
             fingerprint,
+            tag,
             stripe,
             Some(takeover),
             Some(Gone::of(seen)),

@@ -687,3 +687,37 @@ fn a_crash_during_creation_leaves_no_half_made_store() {
         "another creator's temporary file is never touched"
     );
 }
+
+/// The journal may hold acknowledged writes that the store file does not have yet, so a store
+/// whose file names a journal epoch refuses to open without the journal: when the file is gone,
+/// and when the journal is turned off. Opening anyway would silently drop the completion below.
+#[test]
+fn a_store_refuses_to_open_without_the_journal_its_file_names() {
+    let f = Fixture::new();
+    let store = f.open();
+    let t = acquire(&store, &pay(), "journaled", "a");
+    store.complete(t, Response::new(200, "paid")).unwrap();
+    drop(store);
+    let mut journal = f.path.as_os_str().to_owned();
+    journal.push("-journal");
+    let saved = std::fs::read(&journal).unwrap();
+    std::fs::remove_file(&journal).unwrap();
+    for attempt in [
+        Store::builder().open(&f.path),
+        Store::builder().journal_size(0).open(&f.path),
+    ] {
+        match attempt {
+            Err(Error::Corrupted { reason, .. }) => {
+                assert!(reason.contains("journal"), "{reason}");
+            }
+            other => panic!("expected Corrupted, got {other:?}"),
+        }
+    }
+    // With the journal back, the acknowledged completion is there.
+    std::fs::write(&journal, saved).unwrap();
+    let store = f.open();
+    assert!(matches!(
+        store.claim(&pay(), "journaled", fp("a")).unwrap(),
+        Claim::Replay(r) if r.body() == b"paid"
+    ));
+}
