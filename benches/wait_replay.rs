@@ -1,0 +1,206 @@
+//! How long a duplicate that waits for an in-flight attempt takes to get its replay once the
+//! first attempt has its result: the wait modes of the agent gateway
+//! (`GatewayBuilder::wait_for_in_flight`, blocking) and of the HTTP layer
+//! (`IdempotencyLayerBuilder::wait_for_in_flight`, async).
+//!
+//! Run with `cargo bench --bench wait_replay` (about half a minute). It prints a table.
+//!
+//! Each round: the first attempt claims its key and its tool (handler) blocks; the duplicate
+//! starts and is left 1 to 29 ms to start waiting; then the tool returns, noting the
+//! instant `t0`. The duplicate notes `t1` when it holds the replay. The figure is `t1 - t0`:
+//! the completion's own fsync plus however long the waiter takes to notice. The store lives in
+//! a fresh directory under `CARGO_TARGET_TMPDIR` (a real disk), or `IDEMDB_BENCH_DIR`.
+
+use axum::body::{Body, Bytes};
+use axum::http::{Request, StatusCode};
+use axum::routing::post;
+use axum::Router;
+use http_body_util::BodyExt;
+use idemdb::agent::{Gateway, Outcome, ToolCallKey};
+use idemdb::http::IdempotencyLayer;
+use idemdb::Store;
+use std::path::PathBuf;
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tower::Service;
+
+const ROUNDS: usize = 200;
+const WAIT_BOUND: Duration = Duration::from_secs(5);
+/// How long the duplicate is given to reach its wait before the first attempt finishes: 1 to
+/// 29 ms, spread over the rounds so that a waiter that polls is caught at every phase of its
+/// polling interval.
+fn head_start(round: usize) -> Duration {
+    Duration::from_millis(1 + (round as u64 * 7919) % 29)
+}
+
+fn bench_dir() -> tempfile::TempDir {
+    let base = std::env::var_os("IDEMDB_BENCH_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_TARGET_TMPDIR")));
+    std::fs::create_dir_all(&base).expect("create the bench directory");
+    tempfile::tempdir_in(base).expect("a temporary directory")
+}
+
+/// The blocking gateway: latencies in microseconds, one per round.
+fn gateway_rounds(store: &Store) -> Vec<f64> {
+    let gateway = Gateway::builder(store.clone())
+        .wait_for_in_flight(WAIT_BOUND)
+        .build();
+    let mut out = Vec::with_capacity(ROUNDS);
+    for round in 0..ROUNDS {
+        let key = ToolCallKey::new("bench", u64::try_from(round).unwrap_or(0), "create");
+        let (release, released) = mpsc::channel::<()>();
+        let (started, start) = mpsc::channel::<()>();
+        let t0 = Arc::new(Mutex::new(None::<Instant>));
+        let first = {
+            let (gateway, key, t0) = (gateway.clone(), key.clone(), Arc::clone(&t0));
+            std::thread::spawn(move || {
+                gateway
+                    .call("tenant", &key, b"{}", |_ctx| {
+                        started.send(()).expect("the bench waits for this");
+                        released.recv().expect("the bench releases the tool");
+                        *t0.lock().expect("not poisoned") = Some(Instant::now());
+                        Ok(b"done".to_vec())
+                    })
+                    .expect("the first attempt runs")
+            })
+        };
+        start.recv().expect("the tool started");
+        let duplicate = {
+            let (gateway, key) = (gateway.clone(), key.clone());
+            std::thread::spawn(move || {
+                let outcome = gateway
+                    .call("tenant", &key, b"{}", |_ctx| Ok(b"twice".to_vec()))
+                    .expect("the duplicate is answered");
+                (Instant::now(), outcome)
+            })
+        };
+        std::thread::sleep(head_start(round));
+        release.send(()).expect("the tool waits for this");
+        let _ = first.join().expect("the first attempt finishes");
+        let (t1, outcome) = duplicate.join().expect("the duplicate finishes");
+        assert!(
+            matches!(outcome, Outcome::Replayed { .. }),
+            "the duplicate waits for the replay, got {outcome:?}"
+        );
+        let t0 = t0.lock().expect("not poisoned").expect("the tool ran");
+        out.push(t1.saturating_duration_since(t0).as_secs_f64() * 1e6);
+    }
+    out
+}
+
+/// The HTTP layer, called as a tower service on a multi-thread tokio runtime.
+fn http_rounds(store: &Store) -> Vec<f64> {
+    type Gate = Arc<Mutex<Option<tokio::sync::oneshot::Receiver<()>>>>;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let gate: Gate = Arc::new(Mutex::new(None));
+    let t0 = Arc::new(Mutex::new(None::<Instant>));
+    let handler = {
+        let (gate, t0) = (Arc::clone(&gate), Arc::clone(&t0));
+        move |_body: Bytes| {
+            let (gate, t0) = (Arc::clone(&gate), Arc::clone(&t0));
+            async move {
+                let rx = gate.lock().expect("not poisoned").take();
+                if let Some(rx) = rx {
+                    let _ = rx.await;
+                }
+                *t0.lock().expect("not poisoned") = Some(Instant::now());
+                (StatusCode::CREATED, "paid")
+            }
+        }
+    };
+    let layer = IdempotencyLayer::builder(store.clone(), |_parts| Some("tenant".to_owned()))
+        .wait_for_in_flight(WAIT_BOUND)
+        .build();
+    let router = Router::new()
+        .route("/v1/payments", post(handler))
+        .layer(layer);
+    let request = |key: &str| {
+        Request::builder()
+            .method("POST")
+            .uri("/v1/payments")
+            .header("idempotency-key", key)
+            .body(Body::from("{}"))
+            .expect("a valid request")
+    };
+    let mut out = Vec::with_capacity(ROUNDS);
+    for round in 0..ROUNDS {
+        let key = format!("http-{round}");
+        let (release, gated) = tokio::sync::oneshot::channel();
+        *gate.lock().expect("not poisoned") = Some(gated);
+        let first = {
+            let mut router = router.clone();
+            let req = request(&key);
+            rt.spawn(async move { router.call(req).await })
+        };
+        // The first attempt holds its claim once its handler took the gate.
+        while gate.lock().expect("not poisoned").is_some() {
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        let duplicate = {
+            let mut router = router.clone();
+            let req = request(&key);
+            rt.spawn(async move {
+                let response = router.call(req).await.expect("infallible");
+                let t1 = Instant::now();
+                let status = response.status();
+                let body = response.into_body().collect().await.map(|b| b.to_bytes());
+                (t1, status, body.ok())
+            })
+        };
+        std::thread::sleep(head_start(round));
+        release.send(()).expect("the handler waits");
+        rt.block_on(first)
+            .expect("the first attempt finishes")
+            .expect("infallible");
+        let (t1, status, body) = rt.block_on(duplicate).expect("the duplicate finishes");
+        assert_eq!(status, StatusCode::CREATED, "the duplicate gets the replay");
+        assert_eq!(body.as_deref(), Some(&b"paid"[..]));
+        let t0 = t0
+            .lock()
+            .expect("not poisoned")
+            .take()
+            .expect("the handler ran");
+        out.push(t1.saturating_duration_since(t0).as_secs_f64() * 1e6);
+    }
+    out
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    let rank = (p / 100.0 * (sorted.len() - 1) as f64).round();
+    sorted[rank as usize]
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; `cargo test --benches` runs it with no arguments and only
+    // wants to see it start.
+    if !std::env::args().any(|a| a == "--bench") {
+        return;
+    }
+    let dir = bench_dir();
+    let store = Store::open(dir.path().join("wait.idem")).expect("open the store");
+    println!("waiting duplicate: time from the first attempt's result to the duplicate's replay");
+    println!("{ROUNDS} rounds each, store on {}\n", dir.path().display());
+    println!(
+        "| wait mode | p50 µs | p90 µs | p99 µs | max µs | mean µs |\n| --- | --- | --- | --- | --- | --- |"
+    );
+    for (name, mut samples) in [
+        ("agent gateway (blocking)", gateway_rounds(&store)),
+        ("HTTP layer (async)", http_rounds(&store)),
+    ] {
+        samples.sort_by(f64::total_cmp);
+        let mean = samples.iter().sum::<f64>() / samples.len() as f64;
+        println!(
+            "| {name} | {:.0} | {:.0} | {:.0} | {:.0} | {mean:.0} |",
+            percentile(&samples, 50.0),
+            percentile(&samples, 90.0),
+            percentile(&samples, 99.0),
+            percentile(&samples, 100.0),
+        );
+    }
+}
