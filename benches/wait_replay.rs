@@ -171,9 +171,9 @@ fn http_rounds(store: &Store) -> Vec<f64> {
     out
 }
 
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    let rank = (p / 100.0 * (sorted.len() - 1) as f64).round();
-    sorted[rank as usize]
+/// The nearest-rank percentile `p` (0..=100) of sorted samples.
+fn percentile(sorted: &[f64], p: usize) -> f64 {
+    sorted[(p * (sorted.len() - 1) + 50) / 100]
 }
 
 fn main() {
@@ -197,10 +197,10 @@ fn main() {
         let mean = samples.iter().sum::<f64>() / samples.len() as f64;
         println!(
             "| {name} | {:.0} | {:.0} | {:.0} | {:.0} | {mean:.0} |",
-            percentile(&samples, 50.0),
-            percentile(&samples, 90.0),
-            percentile(&samples, 99.0),
-            percentile(&samples, 100.0),
+            percentile(&samples, 50),
+            percentile(&samples, 90),
+            percentile(&samples, 99),
+            percentile(&samples, 100),
         );
     }
 }

@@ -24,8 +24,12 @@ impl Store {
     /// [`Store::claim`], awaiting the claim's fsync instead of blocking on it.
     ///
     /// # Cancellation
-    /// Dropping the future after the claim was queued does not undo it: the claim lands and,
-    /// its ticket lost, stays in progress until its lease runs out, like a dropped ticket.
+    /// A claim nobody received cannot have started a side effect, so it never holds the key:
+    /// if the future is dropped before it returns (a client hung up, a timeout fired, a
+    /// `select!` took another branch), a claim it acquired is released at once (the release is
+    /// committed in the background), and the next claim of the key is `Acquired`. A dropped
+    /// takeover is not released, since the attempt it replaced may have acted: its lease ends
+    /// at once, so the next claim takes the key over again, with the takeover flag.
     ///
     /// # Errors
     /// As [`Store::claim`].
@@ -41,8 +45,12 @@ impl Store {
                 Attempt::Answer(claim) => return Ok(claim),
                 Attempt::Again => continue,
                 Attempt::Queued(seq, ticket) => {
+                    let unreceived = Unreceived {
+                        store: self,
+                        ticket: Some(ticket),
+                    };
                     self.inner.pipeline.durable(seq).await?;
-                    return Ok(self.claim_finish(ticket));
+                    return Ok(self.claim_finish(unreceived.receive()));
                 }
             }
         }
@@ -66,8 +74,8 @@ impl Store {
     ///
     /// # Errors
     /// As [`Store::release`].
-    pub async fn release_async(&self, ticket: Ticket) -> Result<()> {
-        let seq = self.release_start(&ticket)?;
+    pub async fn release_async(&self, mut ticket: Ticket) -> Result<()> {
+        let seq = self.release_start(&mut ticket)?;
         self.inner.pipeline.durable(seq).await?;
         Counters::bump(&self.inner.counters.releases, 1);
         Ok(())
@@ -82,5 +90,26 @@ impl Store {
         self.inner.pipeline.durable(seq).await?;
         ticket.lease_until.store(lease_until, Ordering::Relaxed);
         Ok(())
+    }
+}
+
+/// An acquired claim on its way to the caller: withdrawn if the future carrying it is dropped
+/// (or fails) before the caller receives the ticket.
+struct Unreceived<'s> {
+    store: &'s Store,
+    ticket: Option<Ticket>,
+}
+
+impl Unreceived<'_> {
+    fn receive(mut self) -> Ticket {
+        self.ticket.take().expect("received once")
+    }
+}
+
+impl Drop for Unreceived<'_> {
+    fn drop(&mut self) {
+        if let Some(ticket) = self.ticket.take() {
+            self.store.withdraw(ticket);
+        }
     }
 }

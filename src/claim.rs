@@ -3,7 +3,8 @@
 use crate::fingerprint::Fingerprint;
 use crate::index::IndexKey;
 use crate::response::Response;
-use crate::sync::{AtomicU64, Ordering};
+use crate::store::Inner;
+use crate::sync::{AtomicU64, Ordering, Weak};
 use std::time::{Duration, SystemTime};
 
 /// The outcome of [`crate::Store::claim`]. Every variant is an expected answer, not an error.
@@ -49,12 +50,16 @@ pub enum Claim {
 /// valid in the `Store` (and process) that issued it: after a reopen, the claim it held is an
 /// orphan that [`crate::Store::reap`] resolves.
 ///
-/// Dropping a ticket does nothing: the claim stays in progress until its lease runs out, exactly
-/// as if the process had crashed.
-#[derive(Debug)]
+/// Dropping a ticket (a panic in the handler, a cancelled task) leaves the claim in progress
+/// until its lease runs out, exactly as if the process had crashed: a drop cannot tell whether
+/// the side effect happened. The claim becomes an orphan at once: [`crate::Store::reap`] offers
+/// it to the resolver straight away, and duplicates are told to retry when the lease ends
+/// rather than after the usual short hint, since nobody is left to finish it.
 #[must_use = "dropping a ticket leaves the key in progress until its lease runs out"]
 pub struct Ticket {
-    pub(crate) store: u64,
+    /// The store that issued it; empty once the ticket was spent (completed or released), so
+    /// that its drop does nothing.
+    pub(crate) store: Weak<Inner>,
     pub(crate) key: IndexKey,
     pub(crate) fence: u64,
     pub(crate) fingerprint: Fingerprint,
@@ -85,6 +90,34 @@ impl Ticket {
     /// When the lease runs out unless [`crate::Store::extend`] renews it.
     pub fn lease_deadline(&self) -> SystemTime {
         crate::clock::from_millis(self.lease_until.load(Ordering::Relaxed))
+    }
+}
+
+impl Ticket {
+    /// Marks the ticket spent: its claim was completed or released through it.
+    pub(crate) fn spend(&mut self) {
+        self.store = Weak::new();
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        if let Some(inner) = self.store.upgrade() {
+            crate::store::Store { inner }.holder_gone(&self.key, self.fence);
+        }
+    }
+}
+
+impl std::fmt::Debug for Ticket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ticket")
+            .field("key", &self.key)
+            .field("fence", &self.fence)
+            .field("fingerprint", &self.fingerprint)
+            .field("claimed_at", &self.claimed_at)
+            .field("lease_until", &self.lease_until)
+            .field("takeover", &self.takeover)
+            .finish_non_exhaustive()
     }
 }
 

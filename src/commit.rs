@@ -57,21 +57,45 @@ struct State {
     wakers: Vec<(u64, Waker)>,
 }
 
-/// Tells the flusher thread there is an async caller to serve, or that the pipeline is gone.
-/// The thread holds only this and a `Weak` to the pipeline while idle, so dropping the store
-/// closes the file at once.
+const FLUSHER_NAME: &str = "idemdb-flush";
+
+/// Tells the flusher thread there is an async caller to serve, or that the store is closing.
+/// The thread holds only this and a `Weak` to the pipeline while idle, and the store's drop
+/// waits until it lets go of a strong reference it took ([`Pipeline::close`]), so dropping the
+/// last `Store` closes the file before the drop returns.
 #[derive(Default)]
 struct FlushSignal {
-    state: Mutex<(bool, bool)>,
+    state: Mutex<FlushState>,
     wake: Condvar,
 }
 
+#[derive(Default)]
+struct FlushState {
+    /// An async caller waits for a commit.
+    pending: bool,
+    /// The store is closing: the thread exits.
+    shutdown: bool,
+    /// The thread holds a strong reference to the pipeline.
+    busy: bool,
+}
+
 impl FlushSignal {
-    fn raise(&self, shutdown: bool) {
+    fn raise(&self) {
+        self.state.lock().pending = true;
+        self.wake.notify_all();
+    }
+
+    /// Stops the thread and returns once it holds no strong reference to the pipeline (at
+    /// once on a flusher thread itself: a waker run inline may drop the last `Store` there,
+    /// and a thread cannot wait for itself).
+    fn shut_down(&self) {
         let mut s = self.state.lock();
-        s.0 = true;
-        s.1 |= shutdown;
-        self.wake.notify_one();
+        s.shutdown = true;
+        self.wake.notify_all();
+        let on_a_flusher = std::thread::current().name() == Some(FLUSHER_NAME);
+        while s.busy && !on_a_flusher {
+            self.wake.wait(&mut s);
+        }
     }
 }
 
@@ -200,6 +224,22 @@ impl Pipeline {
         }
     }
 
+    /// Has the flusher commit `seq` soon, with nobody waiting for it.
+    pub(crate) fn commit_soon(self: &Arc<Self>, seq: Seq) {
+        self.start_flusher();
+        self.state
+            .lock()
+            .wakers
+            .push((seq.0, Waker::noop().clone()));
+        self.flusher.raise();
+    }
+
+    /// Called when the store is dropped: stops the flusher thread and waits until it holds no
+    /// reference to the pipeline, so the pipeline (and the file) is dropped by the caller.
+    pub(crate) fn close(&self) {
+        self.flusher.shut_down();
+    }
+
     /// Commits one batch: everything queued. Called with the state locked and no commit
     /// running; returns with the state locked.
     fn lead(&self, s: &mut MutexGuard<'_, State>) -> Result<()> {
@@ -258,7 +298,7 @@ impl Pipeline {
             let weak = Arc::downgrade(self);
             let signal = Arc::clone(&self.flusher);
             let spawned = std::thread::Builder::new()
-                .name("idemdb-flush".into())
+                .name(FLUSHER_NAME.into())
                 .spawn(move || flush_loop(&weak, &signal));
             if spawned.is_err() {
                 // Without a flusher, async waiters would wait forever: halt instead.
@@ -332,27 +372,40 @@ fn flush_loop(pipeline: &Weak<Pipeline>, signal: &FlushSignal) {
     loop {
         {
             let mut s = signal.state.lock();
-            while !s.0 {
+            while !s.pending && !s.shutdown {
                 signal.wake.wait(&mut s);
             }
-            if s.1 {
+            if s.shutdown {
                 return;
             }
-            s.0 = false;
+            s.pending = false;
+            s.busy = true;
         }
-        let Some(p) = pipeline.upgrade() else { return };
-        p.flush_for_async();
+        if let Some(p) = pipeline.upgrade() {
+            p.flush_for_async();
+        }
+        signal.state.lock().busy = false;
+        signal.wake.notify_all();
     }
 }
 
 impl Drop for Pipeline {
     fn drop(&mut self) {
+        if !self.poisoned.load(Ordering::Acquire) {
+            // Ops nobody waits for (a withdrawn claim's release, a completion whose future was
+            // dropped) still land when the store is closed cleanly; a failure here changes
+            // nothing that was acknowledged.
+            let mut s = self.state.lock();
+            if !s.queue.is_empty() && s.halted.is_none() && !s.committing {
+                let _ = self.lead(&mut s);
+            }
+        }
         if self.poisoned.load(Ordering::Acquire) {
             // redb's own Drop unwraps locks the panic poisoned, and would panic again: leak it
             // (the process keeps the file open until it exits).
             std::mem::forget(self.db.take());
         }
-        self.flusher.raise(true);
+        self.flusher.shut_down();
     }
 }
 
@@ -379,7 +432,7 @@ impl Future for Durable {
             None => s.wakers.push((self.seq, cx.waker().clone())),
         }
         drop(s);
-        p.flusher.raise(false);
+        p.flusher.raise();
         Poll::Pending
     }
 }

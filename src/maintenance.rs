@@ -70,6 +70,9 @@ impl Store {
                     .map(|(k, slot)| (*k, slot.clone())),
             );
         }
+        if stale.is_empty() {
+            return Ok(0);
+        }
         let mut resolved = 0;
         let mut last: Option<Seq> = None;
         let mut failure = None;

@@ -22,6 +22,9 @@ pub struct Stats {
     pub takeovers: u64,
     /// Stale claims a [`crate::Store::reap`] resolver released or completed.
     pub reaped: u64,
+    /// Acquired claims withdrawn because nobody received them (a
+    /// [`crate::Store::claim_async`] future dropped before it returned the ticket).
+    pub withdrawn: u64,
     /// Expired records deleted by [`crate::Store::purge_expired`].
     pub purged: u64,
     /// Write transactions committed (each one fsync); `acquired + completes + ...` divided by
@@ -43,6 +46,7 @@ pub(crate) struct Counters {
     pub(crate) releases: AtomicU64,
     pub(crate) takeovers: AtomicU64,
     pub(crate) reaped: AtomicU64,
+    pub(crate) withdrawn: AtomicU64,
     pub(crate) purged: AtomicU64,
 }
 
@@ -67,6 +71,7 @@ impl Counters {
             releases: get(&self.releases),
             takeovers: get(&self.takeovers),
             reaped: get(&self.reaped),
+            withdrawn: get(&self.withdrawn),
             purged: get(&self.purged),
             commit_batches,
             checkpoints,

@@ -57,8 +57,12 @@ pub(crate) struct Inner {
     pub(crate) counters: Counters,
     replays: ReplayCache,
     next_fence: AtomicU64,
-    /// Tells this store's tickets from another's (or a previous process's).
-    id: u64,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.pipeline.close();
+    }
 }
 
 /// How far one claim attempt got.
@@ -70,8 +74,6 @@ pub(crate) enum Attempt {
     /// Acquired: the claim's write is queued; the ticket is the caller's once it is durable.
     Queued(Seq, Ticket),
 }
-
-static NEXT_STORE_ID: AtomicU64 = AtomicU64::new(1);
 
 impl Store {
     /// Opens (or creates) the store at `path` with the default settings: 24 h TTL, 60 s lease,
@@ -194,7 +196,6 @@ impl Store {
                 config,
                 counters: Counters::default(),
                 next_fence: AtomicU64::new(loaded.high_fence + 1),
-                id: NEXT_STORE_ID.fetch_add(1, Ordering::Relaxed),
             }),
         })
     }
@@ -270,20 +271,23 @@ impl Store {
                     return Ok(Attempt::Answer(Claim::Mismatch { completed }));
                 }
                 SlotState::Completed { durable: false, .. } => {
-                    return Ok(Attempt::Answer(self.in_progress(Duration::ZERO)));
+                    return Ok(Attempt::Answer(self.in_progress(Duration::ZERO, false)));
                 }
                 SlotState::Completed { durable: true, .. } => {
                     let fence = slot.fence();
                     drop(stripe);
                     return self.replay(key, fence, fingerprint);
                 }
-                SlotState::InProgress { lease_until, .. } => {
+                SlotState::InProgress {
+                    lease_until,
+                    orphan,
+                } => {
                     if now < lease_until {
                         let left = Duration::from_millis(lease_until - now);
-                        return Ok(Attempt::Answer(self.in_progress(left)));
+                        return Ok(Attempt::Answer(self.in_progress(left, orphan)));
                     }
                     if inner.config.stale_policy == StalePolicy::Keep {
-                        return Ok(Attempt::Answer(self.in_progress(Duration::ZERO)));
+                        return Ok(Attempt::Answer(self.in_progress(Duration::ZERO, false)));
                     }
                     let seen = slot.clone();
                     drop(stripe);
@@ -329,7 +333,7 @@ impl Store {
         stripe.insert(key.hash, Slot::new(fence, tag, state));
         drop(stripe);
         let ticket = Ticket {
-            store: inner.id,
+            store: Arc::downgrade(&self.inner),
             key: key.clone(),
             fence,
             fingerprint,
@@ -381,12 +385,16 @@ impl Store {
 
     /// An `InProgress` answer. `lease_remaining` is zero when no live lease bounds the wait (a
     /// completion being made durable, or a stale claim kept for the reaper): the hint stands
-    /// alone then.
-    fn in_progress(&self, lease_remaining: Duration) -> Claim {
+    /// alone then. When the holder is gone (`orphan`: its ticket was dropped, or its process
+    /// died) nothing but the lease's end (or a reap) frees the key, so the honest retry time
+    /// is the lease's end, not the short hint.
+    fn in_progress(&self, lease_remaining: Duration, orphan: bool) -> Claim {
         Counters::bump(&self.inner.counters.in_progress, 1);
         let hint = self.inner.config.retry_after;
         let retry_after = if lease_remaining.is_zero() {
             hint
+        } else if orphan {
+            lease_remaining
         } else {
             hint.min(lease_remaining)
         };
@@ -505,7 +513,7 @@ impl Store {
     /// Queues a completion; [`Store::complete_finish`] once it is durable.
     pub(crate) fn complete_start(
         &self,
-        ticket: Ticket,
+        mut ticket: Ticket,
         response: Response,
     ) -> Result<(Seq, Ticket)> {
         let inner = &*self.inner;
@@ -547,6 +555,7 @@ impl Store {
             });
             seq
         };
+        ticket.spend();
         Ok((seq, ticket))
     }
 
@@ -566,21 +575,73 @@ impl Store {
     /// # Errors
     /// [`Error::LeaseLost`] if the claim is no longer held by this ticket;
     /// [`Error::Halted`] / [`Error::Io`] if the commit failed.
-    pub fn release(&self, ticket: Ticket) -> Result<()> {
-        let seq = self.release_start(&ticket)?;
+    pub fn release(&self, mut ticket: Ticket) -> Result<()> {
+        let seq = self.release_start(&mut ticket)?;
         self.inner.pipeline.wait(seq)?;
         Counters::bump(&self.inner.counters.releases, 1);
         Ok(())
     }
 
-    pub(crate) fn release_start(&self, ticket: &Ticket) -> Result<Seq> {
+    pub(crate) fn release_start(&self, ticket: &mut Ticket) -> Result<Seq> {
         let inner = &*self.inner;
         inner.pipeline.check()?;
         let mut stripe = inner.index.lock(&ticket.key.hash);
         let gone = Gone::of(self.held(&mut stripe, ticket)?);
         let seq = inner.pipeline.enqueue(Op::Delete(gone))?;
         stripe.remove(&ticket.key.hash);
+        drop(stripe);
+        ticket.spend();
         Ok(seq)
+    }
+
+    /// A ticket was dropped unspent: if it still holds its claim, the claim is an orphan now.
+    /// Nothing is written: the claim stays in progress until its lease runs out (the side
+    /// effect may have happened), but `reap` offers it at once and duplicates are told to come
+    /// back when the lease ends.
+    pub(crate) fn holder_gone(&self, key: &IndexKey, fence: u64) {
+        let mut stripe = self.inner.index.lock(&key.hash);
+        if let Some(slot) = stripe.get_mut(&key.hash) {
+            if let SlotState::InProgress { lease_until, .. } = slot.state() {
+                if slot.fence() == fence {
+                    slot.set_state(SlotState::InProgress {
+                        lease_until,
+                        orphan: true,
+                    });
+                }
+            }
+        }
+    }
+
+    /// Undoes an acquired claim that nobody received (its `claim_async` future was dropped
+    /// before it returned the ticket). No side effect can have started under it, so it must
+    /// not hold the key: a fresh claim is released (its delete is queued behind its put and
+    /// committed in the background). A takeover is not released, since the attempt it replaced
+    /// may have acted: its lease is ended instead, so the next claim takes the key over again
+    /// (and reconciles), or the reaper resolves it.
+    pub(crate) fn withdraw(&self, mut ticket: Ticket) {
+        ticket.spend();
+        let inner = &*self.inner;
+        let mut stripe = inner.index.lock(&ticket.key.hash);
+        let Some(slot) = stripe.get_mut(&ticket.key.hash) else {
+            return;
+        };
+        if slot.fence() != ticket.fence || !matches!(slot.state(), SlotState::InProgress { .. }) {
+            return;
+        }
+        Counters::bump(&inner.counters.withdrawn, 1);
+        if ticket.takeover.is_some() {
+            slot.set_state(SlotState::InProgress {
+                lease_until: self.now(),
+                orphan: true,
+            });
+            return;
+        }
+        // After a failed commit the store answers nothing any more: leave it be.
+        if let Ok(seq) = inner.pipeline.enqueue(Op::Delete(Gone::of(slot))) {
+            stripe.remove(&ticket.key.hash);
+            drop(stripe);
+            inner.pipeline.commit_soon(seq);
+        }
     }
 
     /// Renews the ticket's lease to run until `by` from now, durably, so a slow handler is not
@@ -649,7 +710,7 @@ impl Store {
         let lost = Error::LeaseLost {
             fence: ticket.fence,
         };
-        if ticket.store != self.inner.id {
+        if !std::ptr::eq(ticket.store.as_ptr(), Arc::as_ptr(&self.inner)) {
             return Err(lost);
         }
         match stripe.get_mut(&ticket.key.hash) {

@@ -3,7 +3,7 @@
 
 pub(crate) use parking_lot::{Condvar, Mutex, MutexGuard};
 pub(crate) use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-pub(crate) use std::sync::Arc;
+pub(crate) use std::sync::{Arc, Weak};
 
 /// Aligns its content to 128 bytes, so two values never share a cache line (nor the adjacent
 /// line that x86 prefetches in pairs). Used for lock stripes, where false sharing would make

@@ -159,3 +159,92 @@ fn a_failed_commit_fails_every_async_waiter() {
         Err(Error::Halted { .. })
     ));
 }
+
+/// Polls `future` once, with a waker that does nothing, and returns it still pending.
+fn poll_once<F: Future>(future: F) -> Pin<Box<F>> {
+    let mut future = Box::pin(future);
+    let mut cx = Context::from_waker(Waker::noop());
+    assert!(
+        future.as_mut().poll(&mut cx).is_pending(),
+        "the claim waits for its fsync"
+    );
+    future
+}
+
+/// Regression: a `claim_async` future dropped while its claim was being made durable (the HTTP
+/// request of a client that hung up) left the claim in progress with nobody holding its
+/// ticket, so every retry got `InProgress` until the lease ran out. A claim nobody received
+/// cannot have started a side effect: it is withdrawn, and the next claim acquires the key
+/// afresh, without a takeover.
+#[test]
+fn a_claim_future_dropped_before_it_returns_does_not_hold_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("w.idem");
+    let store = Store::open(&path).unwrap();
+    let fp = Fingerprint::of(b"req");
+    for i in 0..20 {
+        let key = format!("dropped-{i}");
+        drop(poll_once(store.claim_async(&scope(), &key, fp)));
+        match store.claim(&scope(), &key, fp).unwrap() {
+            Claim::Acquired(ticket) => {
+                assert!(ticket.takeover().is_none(), "nothing to reconcile");
+                store.complete(ticket, Response::new(201, "ok")).unwrap();
+            }
+            other => panic!("{key}: the key is free again, got {other:?}"),
+        }
+    }
+    // One more, left withdrawn when the store closes: its release still lands.
+    drop(poll_once(store.claim_async(&scope(), "last", fp)));
+    let stats = store.stats();
+    assert_eq!(stats.withdrawn, 21);
+    assert_eq!(
+        stats.acquired, 20,
+        "a withdrawn claim was never acquired by anyone"
+    );
+    drop(store);
+    let store = Store::open(&path).unwrap();
+    let mut orphans = 0;
+    store
+        .reap(|_| {
+            orphans += 1;
+            idemdb::Resolution::Keep
+        })
+        .unwrap();
+    assert_eq!(orphans, 0, "no withdrawn claim survives as an orphan");
+    assert!(matches!(
+        store.claim(&scope(), "last", fp).unwrap(),
+        Claim::Acquired(_)
+    ));
+    assert!(matches!(
+        store.claim(&scope(), "dropped-3", fp).unwrap(),
+        Claim::Replay(_)
+    ));
+}
+
+/// A takeover nobody received is not released (the attempt it replaced may have acted): its
+/// lease ends at once, so the next claim takes the key over again and is told to reconcile.
+#[test]
+fn a_dropped_takeover_future_leaves_the_key_to_the_next_takeover() {
+    let clock = idemdb::ManualClock::new();
+    let store = Store::builder()
+        .lease(std::time::Duration::from_secs(60))
+        .clock(clock.clone())
+        .in_memory()
+        .unwrap();
+    let fp = Fingerprint::of(b"req");
+    let Claim::Acquired(first) = store.claim(&scope(), "k", fp).unwrap() else {
+        panic!("a new key is acquired")
+    };
+    let first_fence = first.fence();
+    std::mem::forget(first); // a holder that vanished without a trace
+    clock.advance(std::time::Duration::from_secs(61));
+    drop(poll_once(store.claim_async(&scope(), "k", fp)));
+    assert_eq!(store.stats().withdrawn, 1);
+    match store.claim(&scope(), "k", fp).unwrap() {
+        Claim::Acquired(ticket) => {
+            let takeover = ticket.takeover().expect("still a takeover");
+            assert!(takeover.previous_fence > first_fence);
+        }
+        other => panic!("the stale key is taken over again, got {other:?}"),
+    }
+}

@@ -484,7 +484,7 @@ fn a_lost_response_is_replayed_to_the_retry_and_the_card_is_charged_once() {
 #[test]
 fn without_a_spawner_a_handler_cancelled_by_a_disconnect_keeps_its_claim_until_the_lease_ends() {
     let store = Store::builder()
-        .lease(Duration::from_secs(1))
+        .lease(Duration::from_secs(3))
         .in_memory()
         .unwrap();
     let server = start(
@@ -507,15 +507,86 @@ fn without_a_spawner_a_handler_cancelled_by_a_disconnect_keeps_its_claim_until_t
     assert_eq!(server.processor.finished(), 0, "the handler was cancelled");
     let retry = Req::payment(&server, "cut-1", PAYMENT).send();
     retry.assert_problem(409, IN_PROGRESS);
+    // Nobody is left to finish the cancelled handler: the retry is told when the lease ends
+    // (about 2.5 s from now, rounded up), not the usual one-second hint.
+    let hint: u64 = retry.header("retry-after").unwrap().parse().unwrap();
+    assert_eq!(hint, 3, "Retry-After names the lease's end");
     assert_eq!(server.store.stats().releases, 0);
     assert_eq!(server.processor.executions(), 1, "no second charge");
 
-    thread::sleep(Duration::from_millis(1300).saturating_sub(started.elapsed()));
+    thread::sleep(Duration::from_millis(3300).saturating_sub(started.elapsed()));
     let later = Req::payment(&server, "cut-1", PAYMENT).send();
     assert_eq!(later.status, 201);
     assert!(!later.replayed());
     assert_eq!(server.store.stats().takeovers, 1);
     assert_eq!(server.processor.executions(), 2);
+}
+
+/// Regression: a client that hung up while its claim was being made durable stranded the key.
+/// hyper dropped the request future inside `claim_async`; the claim still landed, nobody held
+/// its ticket, the handler never ran, and every retry got 409 (`Retry-After: 1`) for the whole
+/// 60 s lease. A claim nobody received must not hold its key: the retry runs (or replays, if
+/// the handler was already detached), promptly, and the card is charged exactly once.
+#[test]
+fn a_client_that_hangs_up_while_its_claim_is_made_durable_does_not_strand_the_key() {
+    use std::io::Write as _;
+    const KEYS: u32 = 60;
+    let dir = tempfile::tempdir().unwrap();
+    // A store on a real disk, so a claim takes an fsync to become durable: the window.
+    let store = Store::open(dir.path().join("hangup.idem")).unwrap();
+    let server = start(
+        store,
+        Processor::with_delay(Duration::from_millis(2)),
+        |b| {
+            b.spawner(|f| {
+                tokio::spawn(f);
+            })
+        },
+    );
+    let addr = server.base.trim_start_matches("http://").to_owned();
+    let mut slowest = Duration::ZERO;
+    for i in 0..KEYS {
+        let key = format!("hangup-{i}");
+        let request = format!(
+            "POST /v1/payments HTTP/1.1\r\nhost: {addr}\r\nx-api-key: t-a\r\n\
+             idempotency-key: {key}\r\ncontent-type: application/json\r\n\
+             content-length: {}\r\n\r\n{PAYMENT}",
+            PAYMENT.len()
+        );
+        let mut socket = std::net::TcpStream::connect(&addr).unwrap();
+        socket.write_all(request.as_bytes()).unwrap();
+        // Hang up 0.1 to 2 ms after the request is out: mostly while the claim is in flight.
+        thread::sleep(Duration::from_micros(100 + u64::from(i * 37 % 20) * 100));
+        drop(socket);
+        // The retry budget of a real client library: seconds, not the 60 s lease.
+        let started = Instant::now();
+        let reply = loop {
+            let reply = Req::payment(&server, &key, PAYMENT).send();
+            if reply.status != 409 || started.elapsed() > Duration::from_secs(5) {
+                break reply;
+            }
+            let hint: u64 = reply.header("retry-after").unwrap().parse().unwrap();
+            assert!(hint <= 60, "Retry-After within the lease");
+            thread::sleep(Duration::from_millis(50));
+        };
+        slowest = slowest.max(started.elapsed());
+        assert_eq!(
+            reply.status, 201,
+            "key {key}: the retry must run or replay, not wait out the lease: {reply:?}"
+        );
+    }
+    wait_until("every handler finished", || {
+        server.processor.finished() == server.processor.executions()
+    });
+    assert_eq!(
+        server.processor.executions(),
+        KEYS,
+        "exactly one charge per key"
+    );
+    assert!(
+        slowest < Duration::from_secs(5),
+        "slowest key took {slowest:?}"
+    );
 }
 
 /// While the first attempt runs (its client still waiting), a retry with the same key gets

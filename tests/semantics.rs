@@ -460,6 +460,53 @@ fn orphans_are_reaped_at_once_but_claims_wait_for_the_lease() {
     ));
 }
 
+/// A dropped ticket is a holder gone, as a crash is: its claim is an orphan at once. Reap
+/// offers it straight away; duplicates are told to come back when the lease ends (nobody is
+/// left to finish it sooner), not after the usual one-second hint; the lease still holds the
+/// key, since the side effect may have happened.
+#[test]
+fn a_dropped_ticket_is_an_orphan_reaped_at_once_and_duplicates_hear_the_lease_end() {
+    let f = Fixture::new();
+    let store = f.open();
+    let ticket = acquire(&store, &pay(), "k1", "a");
+    let live = acquire(&store, &pay(), "k2", "a");
+    f.clock.advance(Duration::from_secs(20));
+    let Claim::InProgress { retry_after, .. } = store.claim(&pay(), "k1", fp("a")).unwrap() else {
+        panic!("held")
+    };
+    assert_eq!(
+        retry_after,
+        Duration::from_secs(1),
+        "a live holder: the hint"
+    );
+    drop(ticket);
+    let Claim::InProgress {
+        retry_after,
+        lease_remaining,
+    } = store.claim(&pay(), "k1", fp("a")).unwrap()
+    else {
+        panic!("the lease still holds the key")
+    };
+    assert_eq!(retry_after, Duration::from_secs(40), "the holder is gone");
+    assert_eq!(lease_remaining, retry_after);
+    let mut offered = Vec::new();
+    store
+        .reap(|s| {
+            offered.push((s.key.clone(), s.orphan));
+            Resolution::Keep
+        })
+        .unwrap();
+    assert_eq!(
+        offered,
+        [("k1".to_owned(), true)],
+        "only the abandoned claim"
+    );
+    store.complete(live, Response::new(201, "ok")).unwrap();
+    f.clock.advance(Duration::from_secs(40));
+    let taker = acquire(&store, &pay(), "k1", "a");
+    assert!(taker.takeover().unwrap().orphan);
+}
+
 // 9. Fencing tokens only grow, across restarts.
 
 #[test]
