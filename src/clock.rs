@@ -1,7 +1,8 @@
 //! Time, injected: leases and TTLs read a [`Clock`], so tests advance a [`ManualClock`] instead
 //! of sleeping.
 
-use crate::sync::{AtomicU64, Ordering};
+use crate::sync::{Arc, AtomicU64, Mutex, Ordering};
+use std::task::Waker;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// A source of wall-clock time. Deadlines are persisted, so they must be wall-clock (they
@@ -10,6 +11,14 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 pub trait Clock: Send + Sync + std::fmt::Debug + 'static {
     /// The current time.
     fn now(&self) -> SystemTime;
+
+    /// Asks the clock to wake `waker` the next time it is moved other than by the passing of
+    /// real time (a [`ManualClock`] advanced by a test), so that a waiter sleeping until a
+    /// lease's end looks again. The default does nothing: a clock that follows real time
+    /// reaches a deadline while its waiters sleep towards it.
+    fn wake_on_change(&self, waker: &Waker) {
+        let _ = waker;
+    }
 }
 
 /// The operating system's wall clock (`clock_gettime(CLOCK_REALTIME)` on Linux).
@@ -35,7 +44,14 @@ impl Clock for SystemClock {
 /// assert_eq!(clock.now().duration_since(t0).unwrap(), Duration::from_secs(61));
 /// ```
 #[derive(Debug, Clone)]
-pub struct ManualClock(std::sync::Arc<AtomicU64>);
+pub struct ManualClock(Arc<Manual>);
+
+#[derive(Debug)]
+struct Manual {
+    millis: AtomicU64,
+    /// Woken at the next `advance`.
+    waiters: Mutex<Vec<Waker>>,
+}
 
 impl ManualClock {
     /// A clock at 2026-01-01T00:00:00Z.
@@ -45,12 +61,22 @@ impl ManualClock {
 
     /// A clock at `time` (times before the epoch read as the epoch).
     pub fn at(time: SystemTime) -> ManualClock {
-        ManualClock(std::sync::Arc::new(AtomicU64::new(to_millis(time))))
+        ManualClock(Arc::new(Manual {
+            millis: AtomicU64::new(to_millis(time)),
+            waiters: Mutex::new(Vec::new()),
+        }))
     }
 
-    /// Moves the clock forward by `by` (millisecond resolution).
+    /// Moves the clock forward by `by` (millisecond resolution), and wakes whoever waits for a
+    /// deadline by it ([`Clock::wake_on_change`]).
     pub fn advance(&self, by: Duration) {
-        self.0.fetch_add(duration_millis(by), Ordering::SeqCst);
+        self.0
+            .millis
+            .fetch_add(duration_millis(by), Ordering::SeqCst);
+        let waiters = std::mem::take(&mut *self.0.waiters.lock());
+        for waker in waiters {
+            waker.wake();
+        }
     }
 }
 
@@ -62,7 +88,14 @@ impl Default for ManualClock {
 
 impl Clock for ManualClock {
     fn now(&self) -> SystemTime {
-        from_millis(self.0.load(Ordering::SeqCst))
+        from_millis(self.0.millis.load(Ordering::SeqCst))
+    }
+
+    fn wake_on_change(&self, waker: &Waker) {
+        let mut waiters = self.0.waiters.lock();
+        if !waiters.iter().any(|w| w.will_wake(waker)) {
+            waiters.push(waker.clone());
+        }
     }
 }
 

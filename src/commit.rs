@@ -37,6 +37,8 @@ pub(crate) struct Pipeline {
     checkpoints: Arc<AtomicU64>,
     flusher: Arc<FlushSignal>,
     flusher_started: Once,
+    /// Called once the pipeline halts, so that waiters see the error.
+    on_halt: Box<dyn Fn() + Send + Sync>,
 }
 
 struct State {
@@ -111,7 +113,12 @@ fn halted(cause: &str) -> Error {
 }
 
 impl Pipeline {
-    pub(crate) fn new(db: Database, reserved: u64, journal: Option<Journal>) -> Pipeline {
+    pub(crate) fn new(
+        db: Database,
+        reserved: u64,
+        journal: Option<Journal>,
+        on_halt: Box<dyn Fn() + Send + Sync>,
+    ) -> Pipeline {
         let checkpoints = Arc::new(AtomicU64::new(0));
         Pipeline {
             db: Some(db),
@@ -137,6 +144,7 @@ impl Pipeline {
             checkpoints,
             flusher: Arc::default(),
             flusher_started: Once::new(),
+            on_halt,
         }
     }
 
@@ -290,6 +298,9 @@ impl Pipeline {
             }
             !ready
         });
+        if all {
+            MutexGuard::unlocked(s, || (self.on_halt)());
+        }
         outcome
     }
 
@@ -305,6 +316,8 @@ impl Pipeline {
                 let mut s = self.state.lock();
                 s.halted = Some("could not start the idemdb-flush thread".into());
                 self.halted.store(true, Ordering::Release);
+                drop(s);
+                (self.on_halt)();
             }
         });
     }

@@ -58,6 +58,8 @@ mod store;
 mod sync;
 #[cfg(test)]
 mod tests;
+mod timer;
+mod watch;
 
 pub use builder::{StalePolicy, StoreBuilder};
 pub use claim::{Claim, Entry, EntryState, Resolution, StaleClaim, Takeover, Ticket};

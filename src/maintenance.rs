@@ -159,6 +159,7 @@ impl Store {
             match new_state {
                 None => {
                     stripe.remove(&key.hash);
+                    inner.watchers.notify(&key.hash);
                 }
                 Some(state) => {
                     stripe

@@ -16,6 +16,7 @@ use crate::response::Response;
 use crate::scope::{display_scoped_key, scoped_key, Scope};
 use crate::stats::{Counters, Stats};
 use crate::sync::{Arc, AtomicU64, Ordering};
+use crate::watch::Watchers;
 use std::path::Path;
 use std::time::Duration;
 
@@ -57,6 +58,7 @@ pub(crate) struct Inner {
     pub(crate) counters: Counters,
     replays: ReplayCache,
     next_fence: AtomicU64,
+    pub(crate) watchers: Arc<Watchers>,
 }
 
 impl Drop for Inner {
@@ -188,10 +190,16 @@ impl Store {
             }
             None => db,
         };
+        let watchers = Arc::new(Watchers::default());
+        let on_halt = {
+            let watchers = Arc::clone(&watchers);
+            Box::new(move || watchers.notify_all())
+        };
         Ok(Store {
             inner: Arc::new(Inner {
                 index,
-                pipeline: Arc::new(Pipeline::new(db, loaded.reserved, journal)),
+                pipeline: Arc::new(Pipeline::new(db, loaded.reserved, journal, on_halt)),
+                watchers,
                 replays: ReplayCache::new(config.replay_cache_bytes),
                 config,
                 counters: Counters::default(),
@@ -589,6 +597,7 @@ impl Store {
         let gone = Gone::of(self.held(&mut stripe, ticket)?);
         let seq = inner.pipeline.enqueue(Op::Delete(gone))?;
         stripe.remove(&ticket.key.hash);
+        inner.watchers.notify(&ticket.key.hash);
         drop(stripe);
         ticket.spend();
         Ok(seq)
@@ -634,11 +643,13 @@ impl Store {
                 lease_until: self.now(),
                 orphan: true,
             });
+            inner.watchers.notify(&ticket.key.hash);
             return;
         }
         // After a failed commit the store answers nothing any more: leave it be.
         if let Ok(seq) = inner.pipeline.enqueue(Op::Delete(Gone::of(slot))) {
             stripe.remove(&ticket.key.hash);
+            inner.watchers.notify(&ticket.key.hash);
             drop(stripe);
             inner.pipeline.commit_soon(seq);
         }
@@ -689,7 +700,8 @@ impl Store {
 
     /// Lets claims replay a completion once its batch is fsynced.
     pub(crate) fn mark_durable(&self, key: &IndexKey, fence: u64) {
-        if let Some(slot) = self.inner.index.lock(&key.hash).get_mut(&key.hash) {
+        let mut stripe = self.inner.index.lock(&key.hash);
+        if let Some(slot) = stripe.get_mut(&key.hash) {
             if let SlotState::Completed { expires_at, .. } = slot.state() {
                 if slot.fence() == fence {
                     slot.set_state(SlotState::Completed {
@@ -699,6 +711,7 @@ impl Store {
                 }
             }
         }
+        self.inner.watchers.notify(&key.hash);
     }
 
     /// The slot `ticket` holds, or `LeaseLost`.

@@ -7,6 +7,7 @@ use crate::fingerprint::Fingerprint;
 use crate::response::Response;
 use crate::scope::Scope;
 use crate::store::Store;
+use crate::timer::far_future;
 use sha2::{Digest, Sha256};
 use std::time::{Duration, Instant};
 
@@ -228,7 +229,9 @@ impl Gateway {
                 .finish(),
             ArgumentPolicy::Strict => Fingerprint::from_bytes(args_digest),
         };
-        let deadline = Instant::now() + self.wait;
+        let deadline = Instant::now()
+            .checked_add(self.wait)
+            .unwrap_or_else(far_future);
         let ticket = loop {
             match self.store.claim(&scope, key.as_str(), fingerprint)? {
                 Claim::Acquired(ticket) => break ticket,
@@ -239,10 +242,8 @@ impl Gateway {
                     if now >= deadline {
                         return Ok(Outcome::InFlight { retry_after });
                     }
-                    let nap = retry_after
-                        .min(deadline - now)
-                        .min(Duration::from_millis(20));
-                    std::thread::sleep(nap.max(Duration::from_millis(1)));
+                    // Woken when the first attempt finishes, or its lease ends.
+                    self.store.wait(&scope, key.as_str(), deadline - now)?;
                 }
             }
         };

@@ -7,7 +7,6 @@ mod key;
 mod layer;
 mod problem;
 mod service;
-mod timer;
 
 pub use layer::{
     default_outcome_policy, default_stored_header, IdempotencyLayer, IdempotencyLayerBuilder,

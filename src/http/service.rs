@@ -3,7 +3,7 @@
 use super::key::{self, KeyProblem};
 use super::layer::{Config, OutcomePolicy};
 use super::problem::{types, Problem};
-use super::timer::sleep;
+use crate::timer::{far_future, sleep};
 use crate::{Claim, Error, Fingerprint, Scope, Store, Ticket};
 use ::http::request::Parts;
 use ::http::{header, HeaderName, HeaderValue, Request, Response, StatusCode};
@@ -124,7 +124,9 @@ where
         None => default_fingerprint(&parts, &bytes),
     };
     let store = &config.store;
-    let deadline = Instant::now() + config.wait;
+    let deadline = Instant::now()
+        .checked_add(config.wait)
+        .unwrap_or_else(far_future);
     let ticket = loop {
         match store.claim_async(&scope, &key, fingerprint).await {
             Ok(Claim::Acquired(ticket)) => break ticket,
@@ -137,7 +139,9 @@ where
             Ok(Claim::InProgress { retry_after, .. }) => {
                 let now = Instant::now();
                 if now < deadline {
-                    sleep(retry_after.min(deadline - now).min(Duration::from_millis(25))).await;
+                    // Woken when the holder finishes (or its lease ends); an error here shows
+                    // again in the next claim, which answers it.
+                    let _ = store.wait_async(&scope, &key, deadline - now).await;
                     continue;
                 }
                 return Ok(Problem::new(StatusCode::CONFLICT, types::IN_PROGRESS, "request in progress")

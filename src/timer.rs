@@ -1,6 +1,8 @@
 //! A runtime-free sleep: one lazily started thread wakes registered wakers at their deadlines.
-//! The layer needs timers (the wait mode's polling, the lease heartbeat) but must not depend on
-//! an async runtime.
+//! Async waits ([`crate::Store::wait_async`]) and the HTTP layer's lease heartbeat need timers,
+//! but the crate must not depend on an async runtime. `futures-util` and `futures-channel` have
+//! no timer; `futures-timer` is this same design (a global timer thread) as one more
+//! dependency, for about a hundred lines.
 
 use parking_lot::{Condvar, Mutex};
 use std::cmp::Reverse;
@@ -64,10 +66,26 @@ pub(crate) struct Delay {
     id: Option<u64>,
 }
 
+/// Resolves after `d` (or in [`far_future`] if `d` overflows the clock).
 pub(crate) fn sleep(d: Duration) -> Delay {
-    Delay {
-        deadline: Instant::now() + d,
-        id: None,
+    sleep_until(Instant::now().checked_add(d).unwrap_or_else(far_future))
+}
+
+/// Resolves at `deadline`.
+pub(crate) fn sleep_until(deadline: Instant) -> Delay {
+    Delay { deadline, id: None }
+}
+
+/// An instant no wait reaches: about 30 years from now.
+pub(crate) fn far_future() -> Instant {
+    let now = Instant::now();
+    now.checked_add(Duration::from_secs(30 * 365 * 24 * 3600))
+        .unwrap_or(now)
+}
+
+impl Delay {
+    pub(crate) fn deadline(&self) -> Instant {
+        self.deadline
     }
 }
 

@@ -1,0 +1,311 @@
+//! Waiting for a key's claim to end: [`Store::wait`] and [`Store::wait_async`].
+//!
+//! A waiter checks the key under its stripe lock and, if a claim still holds it, registers a
+//! `Waker` before the lock is released. Every change that can end a claim (a completion made
+//! durable, a release, a withdrawn claim, a reap's release) wakes the key's waiters after
+//! making the change under the same stripe lock, so no wake-up is lost: either the waiter's
+//! check saw the change, or its registration was in place before the change was made. A lease
+//! that runs out changes nothing in memory; the waiter sleeps until the lease's end by the
+//! store's [`crate::Clock`] (and a clock moved by hand wakes it, see
+//! [`crate::Clock::wake_on_change`]).
+//!
+//! The registry is one list per store: waiters are rare (duplicates of in-flight requests), and
+//! the common path pays one relaxed load to learn that nobody waits.
+
+use crate::builder::StalePolicy;
+use crate::error::Result;
+use crate::index::{KeyHash, SlotState};
+use crate::scope::Scope;
+use crate::store::Store;
+use crate::sync::{Arc, AtomicU64, Mutex, Ordering};
+use crate::timer::{far_future, sleep_until, Delay};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::AtomicUsize;
+use std::task::{Context, Poll, Wake, Waker};
+use std::time::{Duration, Instant};
+
+/// The waiters of one store: (registration id, key hash, waker).
+#[derive(Default)]
+pub(crate) struct Watchers {
+    /// `list.len()`, readable without the lock.
+    count: AtomicUsize,
+    list: Mutex<Vec<(u64, KeyHash, Waker)>>,
+    next_id: AtomicU64,
+}
+
+impl std::fmt::Debug for Watchers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Watchers")
+            .field("count", &self.count.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+impl Watchers {
+    /// Wakes the waiters of `hash`. Call it after changing the key's slot, with its stripe
+    /// lock taken at or after the change.
+    pub(crate) fn notify(&self, hash: &KeyHash) {
+        if self.count.load(Ordering::SeqCst) == 0 {
+            return;
+        }
+        let mut woken = Vec::new();
+        {
+            let mut list = self.list.lock();
+            list.retain(|(_, h, waker)| {
+                let hit = h == hash;
+                if hit {
+                    woken.push(waker.clone());
+                }
+                !hit
+            });
+            self.count.store(list.len(), Ordering::SeqCst);
+        }
+        // Outside the lock: a waker may run the waiter inline, which looks again.
+        woken.into_iter().for_each(Waker::wake);
+    }
+
+    /// Wakes every waiter (the store halted: they must see the error).
+    pub(crate) fn notify_all(&self) {
+        let woken = std::mem::take(&mut *self.list.lock());
+        self.count.store(0, Ordering::SeqCst);
+        woken.into_iter().for_each(|(_, _, waker)| waker.wake());
+    }
+
+    /// Registers (or renews) registration `id` for `hash`. Call it with the key's stripe lock
+    /// held, after seeing that a claim holds the key.
+    fn arm(&self, id: u64, hash: KeyHash, waker: &Waker) {
+        let mut list = self.list.lock();
+        match list.iter_mut().find(|(i, _, _)| *i == id) {
+            Some(entry) => {
+                entry.1 = hash;
+                entry.2.clone_from(waker);
+            }
+            None => list.push((id, hash, waker.clone())),
+        }
+        self.count.store(list.len(), Ordering::SeqCst);
+    }
+
+    fn disarm(&self, id: u64) {
+        if self.count.load(Ordering::SeqCst) == 0 {
+            return;
+        }
+        let mut list = self.list.lock();
+        list.retain(|(i, _, _)| *i != id);
+        self.count.store(list.len(), Ordering::SeqCst);
+    }
+}
+
+/// What a waiter found.
+enum Seen {
+    /// No claim holds the key: a claim now would not answer `InProgress`.
+    Free,
+    /// A claim holds it until the lease ends (milliseconds since the epoch, by the store's
+    /// clock), unless something ends it sooner.
+    HeldUntil(u64),
+    /// A claim holds it until something ends it (a completion being made durable, or a stale
+    /// claim kept for the reaper).
+    Held,
+}
+
+/// One waiter's registration; removed when dropped.
+struct Watch<'s> {
+    store: &'s Store,
+    hash: KeyHash,
+    id: u64,
+}
+
+impl<'s> Watch<'s> {
+    fn new(store: &'s Store, hash: KeyHash) -> Watch<'s> {
+        let id = store.inner.watchers.next_id.fetch_add(1, Ordering::Relaxed);
+        Watch { store, hash, id }
+    }
+
+    /// Looks at the key and, while a claim holds it, registers `waker` (also with the clock,
+    /// in case a test moves it by hand).
+    fn look(&self, waker: &Waker) -> Result<Seen> {
+        let store = self.store;
+        let inner = &*store.inner;
+        inner.pipeline.check()?;
+        let now = store.now();
+        let stripe = inner.index.lock(&self.hash);
+        let seen = match stripe.get(&self.hash).map(crate::index::Slot::state) {
+            None => Seen::Free,
+            Some(SlotState::Completed { durable: true, .. }) => Seen::Free,
+            Some(SlotState::Completed { expires_at, .. }) if now >= expires_at => Seen::Free,
+            Some(SlotState::Completed { .. }) => Seen::Held,
+            Some(SlotState::InProgress { lease_until, .. }) if now < lease_until => {
+                Seen::HeldUntil(lease_until)
+            }
+            Some(SlotState::InProgress { .. })
+                if inner.config.stale_policy == StalePolicy::Keep =>
+            {
+                Seen::Held
+            }
+            Some(SlotState::InProgress { .. }) => Seen::Free,
+        };
+        if !matches!(seen, Seen::Free) {
+            inner.watchers.arm(self.id, self.hash, waker);
+        }
+        drop(stripe);
+        if !matches!(seen, Seen::Free) {
+            inner.config.clock.wake_on_change(waker);
+        }
+        Ok(seen)
+    }
+
+    /// When to look again if nothing wakes the waiter first: its deadline, or the lease's end.
+    fn next_look(&self, seen: &Seen, deadline: Instant) -> Instant {
+        match seen {
+            Seen::HeldUntil(lease_until) => {
+                let left = Duration::from_millis(lease_until.saturating_sub(self.store.now()));
+                Instant::now()
+                    .checked_add(left)
+                    .map_or(deadline, |at| at.min(deadline))
+            }
+            Seen::Held | Seen::Free => deadline,
+        }
+    }
+}
+
+impl Drop for Watch<'_> {
+    fn drop(&mut self) {
+        self.store.inner.watchers.disarm(self.id);
+    }
+}
+
+/// Unparks the waiting thread.
+struct Unpark(std::thread::Thread);
+
+impl Wake for Unpark {
+    fn wake(self: Arc<Self>) {
+        self.0.unpark();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.0.unpark();
+    }
+}
+
+impl Store {
+    /// Blocks until no claim holds `key` in `scope`, or `timeout` passes: until a claim of the
+    /// key would no longer answer [`crate::Claim::InProgress`]. Returns `true` once the holder
+    /// completed (and the completion is durable), released, was reaped or withdrawn, or its
+    /// lease ran out (under [`StalePolicy::TakeOver`]; under [`StalePolicy::Keep`] a stale
+    /// claim holds the key until it is reaped); `false` if `timeout` passed first. Returns at
+    /// once if nothing holds the key.
+    ///
+    /// It wakes as soon as the change happens, not at a polling interval: a duplicate that
+    /// waits for an in-flight request gets its replay within microseconds of the completion's
+    /// fsync. Lease ends are read from the store's [`crate::Clock`] (a
+    /// [`crate::ManualClock`] moved by a test wakes the waiter); `timeout` is real time.
+    ///
+    /// ```
+    /// use idemdb::{Claim, Fingerprint, Response, Scope, Store};
+    /// use std::time::Duration;
+    /// let store = Store::in_memory()?;
+    /// let scope = Scope::new("tenant_42", "POST /v1/payments");
+    /// let fp = Fingerprint::of(b"{}");
+    /// let Claim::Acquired(ticket) = store.claim(&scope, "k1", fp)? else { unreachable!() };
+    /// let finisher = {
+    ///     let store = store.clone();
+    ///     std::thread::spawn(move || store.complete(ticket, Response::new(201, "done")))
+    /// };
+    /// // A duplicate waits for the first attempt instead of answering 409 at once.
+    /// assert!(store.wait(&scope, "k1", Duration::from_secs(10))?);
+    /// assert!(matches!(store.claim(&scope, "k1", fp)?, Claim::Replay(_)));
+    /// finisher.join().unwrap()?;
+    /// # Ok::<(), idemdb::Error>(())
+    /// ```
+    ///
+    /// # Concurrency
+    /// Any number of threads may wait on one key. `true` says the key was free at one moment;
+    /// another claim may acquire it before the caller claims again, so callers loop: claim,
+    /// and on `InProgress` wait again within what is left of their budget.
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidKey`] / [`crate::Error::InvalidScope`] for bad input;
+    /// [`crate::Error::Halted`] if the store halted (also while waiting).
+    pub fn wait(&self, scope: &Scope, key: &str, timeout: Duration) -> Result<bool> {
+        let key = self.claim_key(scope, key)?;
+        let deadline = Instant::now()
+            .checked_add(timeout)
+            .unwrap_or_else(far_future);
+        let watch = Watch::new(self, key.hash);
+        let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+        loop {
+            let seen = watch.look(&waker)?;
+            if matches!(seen, Seen::Free) {
+                return Ok(true);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(false);
+            }
+            std::thread::park_timeout(watch.next_look(&seen, deadline) - now);
+        }
+    }
+
+    /// [`Store::wait`] without blocking the thread: the future is woken by the change itself,
+    /// or by a timer (one `idemdb-timer` thread per process) at the deadline or the lease's
+    /// end. Any executor works.
+    ///
+    /// The input is checked, and the timeout starts, when this is called; the future borrows
+    /// only the store.
+    ///
+    /// # Cancellation
+    /// Dropping the future removes the waiter; nothing else happens.
+    ///
+    /// # Errors
+    /// As [`Store::wait`].
+    pub fn wait_async(
+        &self,
+        scope: &Scope,
+        key: &str,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<bool>> + Send + '_ {
+        let deadline = Instant::now()
+            .checked_add(timeout)
+            .unwrap_or_else(far_future);
+        let waiting = self.claim_key(scope, key).map(|key| WaitFuture {
+            watch: Watch::new(self, key.hash),
+            deadline,
+            timer: None,
+        });
+        async move { waiting?.await }
+    }
+}
+
+struct WaitFuture<'s> {
+    watch: Watch<'s>,
+    deadline: Instant,
+    timer: Option<Delay>,
+}
+
+impl Future for WaitFuture<'_> {
+    type Output = Result<bool>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<bool>> {
+        let this = &mut *self;
+        loop {
+            let seen = match this.watch.look(cx.waker()) {
+                Ok(seen) => seen,
+                Err(e) => return Poll::Ready(Err(e)),
+            };
+            if matches!(seen, Seen::Free) {
+                return Poll::Ready(Ok(true));
+            }
+            if Instant::now() >= this.deadline {
+                return Poll::Ready(Ok(false));
+            }
+            let at = this.watch.next_look(&seen, this.deadline);
+            let timer = match &mut this.timer {
+                Some(t) if t.deadline() == at => t,
+                slot => slot.insert(sleep_until(at)),
+            };
+            if Pin::new(timer).poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+        }
+    }
+}
