@@ -1,6 +1,8 @@
-//! Store configuration: one builder, every default in its doc.
+//! Opening a store: one builder, every default in its doc, and the `Store` constructors that
+//! use the defaults.
 
-use crate::clock::{Clock, SystemClock};
+use crate::clock::Clock;
+use crate::config::{Config, StalePolicy};
 use crate::error::Result;
 use crate::record::MAX_RESPONSE_LIMIT;
 use crate::store::Store;
@@ -8,41 +10,28 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// What a claim does with a stale claim (an in-progress record whose lease ran out).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum StalePolicy {
-    /// The next claim with the same fingerprint takes the key over: it gets
-    /// [`crate::Claim::Acquired`] with a ticket whose [`crate::Ticket::takeover`] describes the
-    /// abandoned attempt, so the handler reconciles downstream before repeating the side
-    /// effect. The abandoned ticket's later `complete` fails with `LeaseLost`. The default.
-    #[default]
-    TakeOver,
-    /// Stale claims stay in progress (claims answer `InProgress`) until
-    /// [`crate::Store::reap`] resolves them. For side effects that must never run twice without
-    /// a human or a reconciler deciding.
-    Keep,
-}
+impl Store {
+    /// Opens (or creates) the store at `path` with the default settings: 24 h TTL, 60 s lease,
+    /// [`StalePolicy::TakeOver`], 1 MiB responses. See [`StoreBuilder::open`].
+    ///
+    /// # Errors
+    /// As [`StoreBuilder::open`].
+    pub fn open(path: impl AsRef<Path>) -> Result<Store> {
+        StoreBuilder::default().open(path)
+    }
 
-/// redb's page cache: enough for the interior pages of a store with tens of millions of
-/// records, which every lookup touches. Leaf pages are read once (at open) or rarely (a replay),
-/// and the operating system's page cache keeps the hot ones anyway.
-const DEFAULT_CACHE_BYTES: usize = 64 << 20;
+    /// A builder to change the defaults.
+    pub fn builder() -> StoreBuilder {
+        StoreBuilder::default()
+    }
 
-/// Settings the store runs with.
-#[derive(Debug, Clone)]
-pub(crate) struct Config {
-    pub(crate) ttl: Duration,
-    pub(crate) lease: Duration,
-    pub(crate) retry_after: Duration,
-    pub(crate) stale_policy: StalePolicy,
-    pub(crate) max_response_bytes: usize,
-    pub(crate) stripes: usize,
-    pub(crate) cache_bytes: usize,
-    /// `None`: the default for the medium (see `store.rs`).
-    pub(crate) journal_bytes: Option<u64>,
-    pub(crate) replay_cache_bytes: usize,
-    pub(crate) clock: Arc<dyn Clock>,
+    /// A store in memory with the default settings, for users' own tests.
+    ///
+    /// # Errors
+    /// As [`StoreBuilder::in_memory`].
+    pub fn in_memory() -> Result<Store> {
+        StoreBuilder::default().in_memory()
+    }
 }
 
 /// Configures and opens a [`Store`].
@@ -57,29 +46,10 @@ pub(crate) struct Config {
 ///     .open(dir.path().join("payments.idem"))?;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 #[must_use]
 pub struct StoreBuilder {
     config: Config,
-}
-
-impl Default for StoreBuilder {
-    fn default() -> Self {
-        StoreBuilder {
-            config: Config {
-                ttl: Duration::from_secs(24 * 3600),
-                lease: Duration::from_secs(60),
-                retry_after: Duration::from_secs(1),
-                stale_policy: StalePolicy::TakeOver,
-                max_response_bytes: 1 << 20,
-                stripes: 64,
-                cache_bytes: DEFAULT_CACHE_BYTES,
-                journal_bytes: None,
-                replay_cache_bytes: 8 << 20,
-                clock: Arc::new(SystemClock),
-            },
-        }
-    }
 }
 
 impl StoreBuilder {
@@ -176,7 +146,7 @@ impl StoreBuilder {
         self
     }
 
-    /// The clock leases and TTLs read. Default: [`SystemClock`]. Tests pass a
+    /// The clock leases and TTLs read. Default: [`crate::SystemClock`]. Tests pass a
     /// [`crate::ManualClock`].
     pub fn clock(mut self, clock: impl Clock) -> Self {
         self.config.clock = Arc::new(clock);
@@ -192,7 +162,7 @@ impl StoreBuilder {
     /// [`crate::Error::UnsupportedFormat`] for a file of another format version;
     /// [`crate::Error::Io`] for the operating system's errors.
     pub fn open(self, path: impl AsRef<Path>) -> Result<Store> {
-        Store::open_with(self.config, path.as_ref())
+        crate::open::file(self.config, path.as_ref())
     }
 
     /// A store held in memory only, for tests: same semantics, nothing survives the process.
@@ -200,7 +170,7 @@ impl StoreBuilder {
     /// # Errors
     /// Only if the storage engine fails to initialise, which it does not in memory.
     pub fn in_memory(self) -> Result<Store> {
-        Store::in_memory_with(self.config)
+        crate::open::in_memory(self.config)
     }
 
     /// Opens the store on a simulated disk. For idemdb's own crash tests and fuzzing only:
@@ -211,6 +181,6 @@ impl StoreBuilder {
     #[cfg(any(test, fuzzing, feature = "simulation"))]
     #[doc(hidden)]
     pub fn open_simulated(self, disk: &crate::simulation::SimDisk) -> Result<Store> {
-        Store::simulated_with(self.config, disk)
+        crate::open::simulated(self.config, disk)
     }
 }

@@ -3,7 +3,7 @@
 //! right edge of the B-tree and dirties a few leaf pages however many claims it holds.
 //! `docs/format.md` documents every byte.
 
-use crate::error::{Error, Result};
+use crate::error::{Damaged, Error, Result};
 use crate::index::{Index, KeyHash, Slot, SlotState};
 use crate::record::{Head, HeadState, Record};
 use crate::scope::display_scoped_key;
@@ -222,9 +222,12 @@ pub(crate) fn initialise(db: &Database) -> Result<()> {
     Ok(())
 }
 
-fn corrupted(key: &[u8], reason: impl ToString) -> Error {
+fn corrupted(fence: u64, key: &[u8], reason: impl ToString) -> Error {
     Error::Corrupted {
-        key: display_scoped_key(key),
+        damaged: Damaged::Record {
+            fence: Some(fence),
+            key: Some(display_scoped_key(key)),
+        },
         reason: reason.to_string(),
     }
 }
@@ -246,18 +249,18 @@ fn decode_head_at(fence: u64, value: &[u8]) -> Result<(&[u8], Head)> {
 fn damaged(fence: u64, value: &[u8], e: crate::record::DecodeFailure) -> Error {
     let key = Record::unverified_key(value)
         .and_then(crate::scope::split_scoped_key)
-        .map_or_else(
-            || format!("at fence {fence}"),
-            |(scope, key)| {
-                format!(
-                    "{:?}/{:?}/{key} (at fence {fence}; key read from the damaged record)",
-                    scope.tenant(),
-                    scope.endpoint()
-                )
-            },
-        );
+        .map(|(scope, key)| {
+            format!(
+                "{:?}/{:?}/{key} (read from the damaged record)",
+                scope.tenant(),
+                scope.endpoint()
+            )
+        });
     Error::Corrupted {
-        key,
+        damaged: Damaged::Record {
+            fence: Some(fence),
+            key,
+        },
         reason: e.to_string(),
     }
 }
@@ -266,12 +269,13 @@ fn damaged(fence: u64, value: &[u8], e: crate::record::DecodeFailure) -> Error {
 fn check_place(fence: u64, key: &[u8], record_fence: u64) -> Result<()> {
     if record_fence != fence {
         return Err(corrupted(
+            fence,
             key,
-            format!("record of fence {record_fence} stored at fence {fence}"),
+            format!("it says it is the record of fence {record_fence}"),
         ));
     }
     if crate::scope::scoped_key_parts(key).is_none() {
-        return Err(corrupted(key, "the key is not a valid scoped key"));
+        return Err(corrupted(fence, key, "the key is not a valid scoped key"));
     }
     Ok(())
 }
@@ -329,7 +333,7 @@ pub(crate) fn load(db: &Database, index: &Index) -> Result<Scan> {
     }
     if high_fence > MAX_FENCE {
         return Err(Error::Corrupted {
-            key: "(fence counter)".into(),
+            damaged: Damaged::Meta,
             reason: format!(
                 "a fence of {high_fence} is beyond 2^61; no store issues that many claims, and \
                  resuming would wrap the counter and reissue fences"
@@ -417,11 +421,11 @@ fn insert_pending(
                 return Ok(false);
             }
             return Err(corrupted(
+                slot.fence(),
                 &key,
                 format!(
-                    "two records for one key (fences {} and {})",
-                    other.fence(),
-                    slot.fence()
+                    "two records for one key (the other at fence {})",
+                    other.fence()
                 ),
             ));
         }

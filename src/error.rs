@@ -42,12 +42,12 @@ pub enum Error {
         /// when the response came from a reap resolver).
         ticket: Option<Box<crate::Ticket>>,
     },
-    /// A record in the store file failed its checksum or could not be decoded. The store
-    /// refuses to open rather than drop a completed record (which could repeat a payment).
+    /// Part of the store failed its checksum, could not be decoded, or contradicts the rest.
+    /// The store refuses to open (or to answer for that record) rather than drop a completed
+    /// record, which could repeat a payment.
     Corrupted {
-        /// The scoped key of the damaged record, with non-printable bytes escaped, or a
-        /// description of the damaged place when no key applies.
-        key: String,
+        /// Which part is damaged.
+        damaged: Damaged,
         /// What was wrong with it.
         reason: String,
     },
@@ -70,6 +70,56 @@ pub enum Error {
     Io(std::io::Error),
     /// An error from the storage engine (redb) that is not a plain I/O error.
     Storage(StorageError),
+}
+
+/// The part of a store that [`Error::Corrupted`] found damaged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Damaged {
+    /// A record of the store file.
+    Record {
+        /// Where it is stored (its fence), when known.
+        fence: Option<u64>,
+        /// Its scoped key as `"tenant"/"endpoint"/key` (non-printable bytes escaped), when it
+        /// could be read.
+        key: Option<String>,
+    },
+    /// The store file's `meta` table (format version, fence reservation, journal epoch).
+    Meta,
+    /// The journal beside the store file (`<store>-journal`): an entry, or the file itself.
+    Journal,
+    /// The storage engine's (redb's) page structure.
+    Pages,
+    /// The in-memory index could not be built from the records: two records' keys share an
+    /// index hash under every hash key tried (about 10⁻²⁵ by chance: in practice, damage).
+    Index,
+}
+
+impl fmt::Display for Damaged {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Damaged::Record {
+                fence: Some(fence),
+                key: Some(key),
+            } => write!(f, "record {key} at fence {fence}"),
+            Damaged::Record {
+                fence: Some(fence),
+                key: None,
+            } => write!(f, "the record at fence {fence} (its key is unreadable)"),
+            Damaged::Record {
+                fence: None,
+                key: Some(key),
+            } => write!(f, "record {key}"),
+            Damaged::Record {
+                fence: None,
+                key: None,
+            } => write!(f, "a record"),
+            Damaged::Meta => write!(f, "the store file's meta table"),
+            Damaged::Journal => write!(f, "the journal file"),
+            Damaged::Pages => write!(f, "the storage engine's pages"),
+            Damaged::Index => write!(f, "the index built from the records"),
+        }
+    }
 }
 
 /// Why a piece of caller input was refused.
@@ -149,10 +199,10 @@ impl fmt::Display for Error {
                  smaller response or raise max_response_bytes; the claim is still held (the \
                  error returns the ticket)"
             ),
-            Error::Corrupted { key, reason } => write!(
+            Error::Corrupted { damaged, reason } => write!(
                 f,
-                "store file is corrupted at record {key}: {reason}; restore the file from a \
-                 backup or inspect it before reopening"
+                "the store is corrupted in {damaged}: {reason}; restore the store file and its \
+                 journal from a backup, or inspect them, before reopening"
             ),
             Error::UnsupportedFormat { found, supported } => write!(
                 f,
@@ -201,7 +251,7 @@ pub(crate) fn storage_panic(panic: Box<dyn std::any::Any + Send>) -> Error {
         .or_else(|| panic.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "a panic".into());
     Error::Corrupted {
-        key: "(redb page structure)".into(),
+        damaged: Damaged::Pages,
         reason: format!("the storage engine failed on the file's pages: {what}"),
     }
 }
@@ -215,7 +265,7 @@ impl From<redb::StorageError> for Error {
         match e {
             redb::StorageError::Io(io) => Error::Io(io),
             redb::StorageError::Corrupted(reason) => Error::Corrupted {
-                key: "(redb page structure)".into(),
+                damaged: Damaged::Pages,
                 reason,
             },
             other => storage(other),

@@ -1,14 +1,16 @@
-//! The store: claim, complete, release, extend and inspection. Reaping and purging live in
-//! `maintenance.rs`.
+//! The store: claim, complete, release, extend and inspection. Opening it is `open.rs` (the
+//! constructors with settings are in `builder.rs`); reaping and purging are `maintenance.rs`;
+//! waiting for a claim to end is `watch.rs`; the async forms are `asynchronous.rs`.
 
-use crate::builder::{Config, StalePolicy, StoreBuilder};
 use crate::claim::{Claim, Entry, EntryState, Takeover, Ticket};
 use crate::clock::{duration_millis, from_millis, to_millis};
 use crate::commit::{Pipeline, Seq};
+use crate::config::{Config, StalePolicy};
 use crate::disk::{self, Gone, Op};
-use crate::error::{Error, Result};
+use crate::error::{Damaged, Error, Result};
 use crate::fingerprint::Fingerprint;
 use crate::index::{Index, IndexKey, Slot, SlotState, Tag};
+use crate::journal::Journal;
 use crate::record::RecordState as Stored;
 use crate::record::{response_size, Record, RecordState};
 use crate::replay_cache::{Cached, ReplayCache};
@@ -17,7 +19,6 @@ use crate::scope::{display_scoped_key, scoped_key, Scope};
 use crate::stats::{Counters, Stats};
 use crate::sync::{Arc, AtomicU64, Ordering};
 use crate::watch::Watchers;
-use std::path::Path;
 use std::time::Duration;
 
 /// An idempotency-key store over one redb file.
@@ -78,134 +79,32 @@ pub(crate) enum Attempt {
 }
 
 impl Store {
-    /// Opens (or creates) the store at `path` with the default settings: 24 h TTL, 60 s lease,
-    /// [`StalePolicy::TakeOver`], 1 MiB responses. See [`StoreBuilder::open`].
-    ///
-    /// # Errors
-    /// As [`StoreBuilder::open`].
-    pub fn open(path: impl AsRef<Path>) -> Result<Store> {
-        StoreBuilder::default().open(path)
-    }
-
-    /// A builder to change the defaults.
-    pub fn builder() -> StoreBuilder {
-        StoreBuilder::default()
-    }
-
-    /// A store in memory with the default settings, for users' own tests.
-    ///
-    /// # Errors
-    /// As [`StoreBuilder::in_memory`].
-    pub fn in_memory() -> Result<Store> {
-        StoreBuilder::default().in_memory()
-    }
-
-    pub(crate) fn open_with(config: Config, path: &Path) -> Result<Store> {
-        if !path.try_exists()? {
-            create_atomically(path)?;
-        }
-        contain_panics(|| {
-            let open = |cache| -> Result<redb::Database> {
-                Ok(redb::Builder::new().set_cache_size(cache).create(path)?)
-            };
-            let db = open(SCAN_CACHE_BYTES)?;
-            // Only now, with redb's lock on the store file held, is the journal touched.
-            let journal = journal_path(path);
-            let source = JournalSource {
-                existed: journal.try_exists()?,
-                capacity: config.journal_bytes.unwrap_or(DEFAULT_JOURNAL_BYTES),
-                open: Box::new(move || {
-                    let file = std::fs::OpenOptions::new()
-                        .read(true)
-                        .write(true)
-                        .create(true)
-                        .truncate(false)
-                        .open(&journal)?;
-                    sync_parent_dir(&journal)?;
-                    Ok(Box::new(JournalFile(file)) as Box<dyn redb::StorageBackend>)
-                }),
-            };
-            Store::start(config, db, Some(&open), Some(source))
-        })
-    }
-
-    pub(crate) fn in_memory_with(config: Config) -> Result<Store> {
-        contain_panics(|| {
-            let db = redb::Builder::new()
-                .set_cache_size(config.cache_bytes)
-                .create_with_backend(redb::backends::InMemoryBackend::new())?;
-            Store::start(config, db, None, None)
-        })
-    }
-
-    #[cfg(any(test, fuzzing, feature = "simulation"))]
-    pub(crate) fn simulated_with(
+    /// A store over `db`, whose records `index` was built from. Fences start above
+    /// `high_fence`; `reserved` is the reservation the file holds.
+    pub(crate) fn assemble(
         config: Config,
-        disk: &crate::simulation::SimDisk,
-    ) -> Result<Store> {
-        contain_panics(|| {
-            let open = |cache| -> Result<redb::Database> {
-                Ok(redb::Builder::new()
-                    .set_cache_size(cache)
-                    .create_with_backend(disk.backend())?)
-            };
-            let db = open(SCAN_CACHE_BYTES)?;
-            let journal = disk.journal_backend();
-            let source = JournalSource {
-                existed: !disk.journal_image().is_empty(),
-                capacity: config.journal_bytes.unwrap_or(SIMULATED_JOURNAL_BYTES),
-                open: Box::new(move || Ok(Box::new(journal) as Box<dyn redb::StorageBackend>)),
-            };
-            Store::start(config, db, Some(&open), Some(source))
-        })
-    }
-
-    /// Recovers the journal into `db`, builds the index from it, and starts the store. `db` is
-    /// opened with a small page cache: the scan reads every page once, and filling a large
-    /// cache only costs time (measured: 10.2 s with 64 MiB, 8.1 s with 4 MiB, for 10 million
-    /// records). With `reopen`, the file is then reopened with the configured cache.
-    fn start(
-        config: Config,
+        index: Index,
         db: redb::Database,
-        reopen: Option<&dyn Fn(usize) -> Result<redb::Database>>,
-        journal: Option<JournalSource>,
-    ) -> Result<Store> {
-        disk::initialise(&db)?;
-        let (mut reserved, epoch) = disk::meta(&db)?;
-        let journal = match journal {
-            Some(source) if source.capacity > 0 => {
-                Some(recover_journal(&db, source, epoch, &mut reserved)?)
-            }
-            _ if epoch > 0 => {
-                // The journal may hold acknowledged batches: it must be read, never skipped.
-                return Err(journal_missing(epoch));
-            }
-            _ => None,
-        };
-        let (index, loaded) = load_index(&config, &db)?;
-        let db = match reopen {
-            Some(open) => {
-                drop(db);
-                open(config.cache_bytes)?
-            }
-            None => db,
-        };
+        reserved: u64,
+        high_fence: u64,
+        journal: Option<Journal>,
+    ) -> Store {
         let watchers = Arc::new(Watchers::default());
         let on_halt = {
             let watchers = Arc::clone(&watchers);
             Box::new(move || watchers.notify_all())
         };
-        Ok(Store {
+        Store {
             inner: Arc::new(Inner {
                 index,
-                pipeline: Arc::new(Pipeline::new(db, loaded.reserved, journal, on_halt)),
+                pipeline: Arc::new(Pipeline::new(db, reserved, journal, on_halt)),
                 watchers,
                 replays: ReplayCache::new(config.replay_cache_bytes),
                 config,
                 counters: Counters::default(),
-                next_fence: AtomicU64::new(loaded.high_fence + 1),
+                next_fence: AtomicU64::new(high_fence + 1),
             }),
-        })
+        }
     }
 
     pub(crate) fn now(&self) -> u64 {
@@ -468,7 +367,10 @@ impl Store {
                 Some((stored, record)) if stored == key.bytes => return Ok(Some(record)),
                 Some((stored, _)) => {
                     return Err(Error::Corrupted {
-                        key: display_scoped_key(&key.bytes),
+                        damaged: Damaged::Record {
+                            fence: Some(fence),
+                            key: Some(display_scoped_key(&key.bytes)),
+                        },
                         reason: format!(
                             "the index points this key at fence {fence}, whose record is {}'s",
                             display_scoped_key(&stored)
@@ -491,8 +393,11 @@ impl Store {
             }
         }
         Err(Error::Corrupted {
-            key: display_scoped_key(&key.bytes),
-            reason: format!("the record at fence {fence} is missing from the file"),
+            damaged: Damaged::Record {
+                fence: Some(fence),
+                key: Some(display_scoped_key(&key.bytes)),
+            },
+            reason: "the index holds this record, the file does not".into(),
         })
     }
 
@@ -798,6 +703,12 @@ impl Store {
         }
     }
 
+    /// The lease a new claim gets ([`crate::StoreBuilder::lease`]); what a slow handler
+    /// usually renews its claim by with [`Store::extend`].
+    pub fn lease_duration(&self) -> Duration {
+        self.inner.config.lease
+    }
+
     /// The counters since the store was opened.
     pub fn stats(&self) -> Stats {
         let inner = &*self.inner;
@@ -805,165 +716,4 @@ impl Store {
         let p = &inner.pipeline;
         inner.counters.snapshot(p.batches(), p.checkpoints(), live)
     }
-}
-
-/// redb's page cache while a store opens.
-const SCAN_CACHE_BYTES: usize = 4 << 20;
-
-/// The journal's default size: 16 MiB, a few tens of thousands of batches between checkpoints.
-const DEFAULT_JOURNAL_BYTES: u64 = 16 << 20;
-/// On the simulated disk, a small journal, so crash tests cross many checkpoints.
-#[cfg(any(test, fuzzing, feature = "simulation"))]
-const SIMULATED_JOURNAL_BYTES: u64 = 64 << 10;
-
-/// Where a store's journal lives: `<store file>-journal`, beside it.
-pub(crate) fn journal_path(store: &Path) -> std::path::PathBuf {
-    let mut name = store.as_os_str().to_owned();
-    name.push("-journal");
-    name.into()
-}
-
-/// How to reach the journal of a store being opened.
-struct JournalSource {
-    /// Whether the file was there before this open.
-    existed: bool,
-    /// 0 turns the journal off.
-    capacity: u64,
-    open: Box<dyn FnOnce() -> Result<Box<dyn redb::StorageBackend>>>,
-}
-
-fn journal_missing(epoch: u64) -> Error {
-    Error::Corrupted {
-        key: "(journal)".into(),
-        reason: format!(
-            "the store file says its journal holds epoch {epoch}, but the journal file is \
-             missing (or the journal is turned off); it may hold acknowledged writes"
-        ),
-    }
-}
-
-/// Replays the journal's current epoch into the redb file and checkpoints it: one durable
-/// commit of every journaled op, raising the epoch, so the journal starts empty.
-fn recover_journal(
-    db: &redb::Database,
-    source: JournalSource,
-    epoch: u64,
-    reserved: &mut u64,
-) -> Result<crate::journal::Journal> {
-    if epoch > 0 && !source.existed {
-        return Err(journal_missing(epoch));
-    }
-    let file = (source.open)()?;
-    let (mut journal, ops) = crate::journal::Journal::open(file, source.capacity, epoch)?;
-    let next = epoch + 1;
-    disk::write_batch(
-        db,
-        &ops,
-        reserved,
-        disk::Commit::Durable { epoch: Some(next) },
-    )?;
-    journal.restart(next);
-    Ok(journal)
-}
-
-/// A journal in a real file, through positioned reads and writes.
-struct JournalFile(std::fs::File);
-
-impl std::fmt::Debug for JournalFile {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("JournalFile")
-    }
-}
-
-#[cfg(unix)]
-impl redb::StorageBackend for JournalFile {
-    fn len(&self) -> std::io::Result<u64> {
-        Ok(self.0.metadata()?.len())
-    }
-
-    fn read(&self, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
-        std::os::unix::fs::FileExt::read_exact_at(&self.0, out, offset)
-    }
-
-    fn set_len(&self, len: u64) -> std::io::Result<()> {
-        self.0.set_len(len)
-    }
-
-    /// `fdatasync(2)`.
-    fn sync_data(&self) -> std::io::Result<()> {
-        self.0.sync_data()
-    }
-
-    fn write(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
-        std::os::unix::fs::FileExt::write_all_at(&self.0, data, offset)
-    }
-}
-
-/// Builds the index from the file. Two records whose keys share a 128-bit hash (about 10⁻²⁵ at
-/// ten million keys) make the scan start again with fresh random hash keys.
-fn load_index(config: &Config, db: &redb::Database) -> Result<(Index, disk::Loaded)> {
-    let mut attempts = 0;
-    loop {
-        let index = Index::new(config.stripes);
-        match disk::load(db, &index)? {
-            disk::Scan::Loaded(loaded) => return Ok((index, loaded)),
-            disk::Scan::Collision if attempts < 3 => attempts += 1,
-            disk::Scan::Collision => {
-                return Err(Error::Corrupted {
-                    key: "(index)".into(),
-                    reason: "two records' keys share an index hash under every hash key tried"
-                        .into(),
-                })
-            }
-        }
-    }
-}
-
-/// Runs an open, turning a panic into [`Error::Corrupted`]. redb 4.6 trusts its pages on a
-/// clean open and panics on some damaged ones (an unknown page type, an out-of-range slice, a
-/// table name that is not UTF-8); found by the `open_file` fuzz target. A damaged file must be
-/// a typed error, never a crash of the service that opens it.
-fn contain_panics(open: impl FnOnce() -> Result<Store>) -> Result<Store> {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(open))
-        .unwrap_or_else(|panic| Err(crate::error::storage_panic(panic)))
-}
-
-/// Creates an initialised store file at `path`. The file is built under a temporary name in the
-/// same directory and fsynced, then hard-linked into place, which fails rather than replace a
-/// file another process created meanwhile; then the directory is fsynced. A crash part way
-/// leaves at most a stray `*.creating-*` file, never a half-made store at `path` (which redb
-/// would refuse to open, locking the user out of a store that never held anything).
-fn create_atomically(path: &Path) -> Result<()> {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    let mut name = path.file_name().unwrap_or_default().to_os_string();
-    name.push(format!(".creating-{}-{nanos}", std::process::id()));
-    let tmp = path.with_file_name(name);
-    {
-        let db = redb::Builder::new().create(&tmp)?;
-        disk::initialise(&db)?;
-    }
-    let linked = std::fs::hard_link(&tmp, path);
-    std::fs::remove_file(&tmp)?;
-    match linked {
-        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(e.into()),
-        _ => {}
-    }
-    sync_parent_dir(path)
-}
-
-/// A new file's directory entry is durable only once the directory is fsynced.
-fn sync_parent_dir(path: &Path) -> Result<()> {
-    #[cfg(unix)]
-    {
-        let parent = match path.parent() {
-            Some(p) if !p.as_os_str().is_empty() => p,
-            _ => Path::new("."),
-        };
-        std::fs::File::open(parent)?.sync_all()?;
-    }
-    #[cfg(not(unix))]
-    let _ = path;
-    Ok(())
 }

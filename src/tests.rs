@@ -2,7 +2,7 @@
 //! checked against the durable image alone, as a power loss would leave it.
 
 use crate::simulation::{CrashImage, SimDisk};
-use crate::{Claim, Error, Fingerprint, Response, Scope, Store, StoreBuilder};
+use crate::{Claim, Damaged, Error, Fingerprint, Response, Scope, Store, StoreBuilder};
 
 fn open(disk: &SimDisk) -> Store {
     StoreBuilder::default()
@@ -192,9 +192,15 @@ fn replay_of_a_record_missing_from_the_file_is_corruption_not_a_hang() {
         ),
     );
     match store.claim(&scope(), "ghost", fp()) {
-        Err(Error::Corrupted { key, reason }) => {
+        Err(Error::Corrupted {
+            damaged:
+                Damaged::Record {
+                    fence: Some(999),
+                    key: Some(key),
+                },
+            ..
+        }) => {
             assert!(key.contains("ghost"), "{key}");
-            assert!(reason.contains("fence 999"), "{reason}");
         }
         other => panic!("expected Corrupted, got {other:?}"),
     }
@@ -224,7 +230,10 @@ fn a_fence_near_u64_max_is_corruption_not_an_overflow() {
             txn.commit().unwrap();
         }
         match StoreBuilder::default().open_simulated(&disk) {
-            Err(Error::Corrupted { key, .. }) => assert!(key.contains("fence"), "{key}"),
+            Err(Error::Corrupted {
+                damaged: Damaged::Meta,
+                reason,
+            }) => assert!(reason.contains("fence"), "{reason}"),
             other => panic!("fence {fence}: expected Corrupted, got {other:?}"),
         }
     }
@@ -413,7 +422,10 @@ fn two_records_for_one_key_refuse_the_open() {
         txn.commit().unwrap();
     }
     match StoreBuilder::default().open_simulated(&disk) {
-        Err(Error::Corrupted { key, reason }) => {
+        Err(Error::Corrupted {
+            damaged: Damaged::Record { key: Some(key), .. },
+            reason,
+        }) => {
             assert!(reason.contains("two records for one key"), "{reason}");
             assert!(key.contains('k'), "{key}");
         }

@@ -12,7 +12,7 @@
 //! The registry is one list per store: waiters are rare (duplicates of in-flight requests), and
 //! the common path pays one relaxed load to learn that nobody waits.
 
-use crate::builder::StalePolicy;
+use crate::config::StalePolicy;
 use crate::error::Result;
 use crate::index::{KeyHash, SlotState};
 use crate::scope::Scope;

@@ -1,8 +1,8 @@
 //! One test (or more) for every numbered semantic of the core engine, on real files.
 
 use idemdb::{
-    Claim, EntryState, Error, Fingerprint, InputProblem, ManualClock, Resolution, Response, Scope,
-    StalePolicy, Store, Ticket,
+    Claim, Damaged, EntryState, Error, Fingerprint, InputProblem, ManualClock, Resolution,
+    Response, Scope, StalePolicy, Store, Ticket,
 };
 use std::path::PathBuf;
 use std::sync::{Arc, Barrier};
@@ -624,7 +624,7 @@ fn oversize_response_is_refused_and_the_claim_stays_held() {
 
 /// Completes one record, flips one bit of it at `at(value length)`, and opens the store, which
 /// must refuse with `Corrupted`; returns what the error says.
-fn open_after_damage(at: impl Fn(usize) -> usize) -> (String, String) {
+fn open_after_damage(at: impl Fn(usize) -> usize) -> (Damaged, String) {
     let f = Fixture::new();
     let store = f.open();
     let t = acquire(&store, &pay(), "victim-key", "a");
@@ -635,14 +635,21 @@ fn open_after_damage(at: impl Fn(usize) -> usize) -> (String, String) {
     drop(f.open());
     flip_a_bit_in_every_record(&f.path, at);
     match Store::open(&f.path) {
-        Err(Error::Corrupted { key, reason }) => (key, reason),
+        Err(Error::Corrupted { damaged, reason }) => (damaged, reason),
         other => panic!("expected Corrupted, got {other:?}"),
     }
 }
 
 #[test]
 fn corrupt_record_refuses_open_and_names_the_key() {
-    let (key, reason) = open_after_damage(|len| len - 10);
+    let (damaged, reason) = open_after_damage(|len| len - 10);
+    let Damaged::Record {
+        fence: Some(_),
+        key: Some(key),
+    } = &damaged
+    else {
+        panic!("a record, named by its fence and key: {damaged:?}")
+    };
     assert!(key.contains("victim-key"), "{key}");
     assert!(reason.contains("crc32"), "{reason}");
 }
@@ -650,8 +657,17 @@ fn corrupt_record_refuses_open_and_names_the_key() {
 #[test]
 fn corrupt_record_whose_key_is_damaged_names_its_place() {
     // Byte 0 is the format, 1..3 the key length: flip a bit of the key length.
-    let (key, reason) = open_after_damage(|_| 1);
-    assert!(key.contains("fence"), "{key}");
+    let (damaged, reason) = open_after_damage(|_| 1);
+    assert!(
+        matches!(
+            damaged,
+            Damaged::Record {
+                fence: Some(_),
+                key: None
+            }
+        ),
+        "the record's place, its key unreadable: {damaged:?}"
+    );
     assert!(reason.contains("crc32"), "{reason}");
 }
 

@@ -1,5 +1,7 @@
 //! The layer and its builder: every default written down.
 
+use super::config::Config;
+use super::policy::{default_outcome_policy, default_stored_header, OutcomePolicy};
 use super::service::IdempotencyService;
 use crate::{Fingerprint, Store};
 use ::http::request::Parts;
@@ -7,73 +9,6 @@ use ::http::{HeaderName, Method, StatusCode};
 use bytes::Bytes;
 use std::sync::Arc;
 use std::time::Duration;
-
-/// What the layer does with a handler's response.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum OutcomePolicy {
-    /// The outcome belongs to the request: store it, and replay it to every retry.
-    Store,
-    /// The outcome belongs to the moment: release the key, so a retry executes.
-    Release,
-}
-
-/// The default outcome policy: store 2xx, 3xx and 4xx other than 408, 409, 425 and 429; release
-/// 5xx and those four (they say "not now", not "not this").
-pub fn default_outcome_policy(status: StatusCode) -> OutcomePolicy {
-    let transient = matches!(status.as_u16(), 408 | 409 | 425 | 429);
-    if status.is_server_error() || transient || status.is_informational() {
-        OutcomePolicy::Release
-    } else {
-        OutcomePolicy::Store
-    }
-}
-
-/// The default stored-header filter: everything but hop-by-hop fields (RFC 9110 §7.6.1),
-/// `Date` (a replay gets its own) and `Set-Cookie` (a session must not be replayed).
-pub fn default_stored_header(name: &HeaderName) -> bool {
-    !matches!(
-        name.as_str(),
-        "connection"
-            | "keep-alive"
-            | "proxy-connection"
-            | "transfer-encoding"
-            | "te"
-            | "trailer"
-            | "upgrade"
-            | "proxy-authenticate"
-            | "proxy-authorization"
-            | "date"
-            | "set-cookie"
-            | "content-length"
-    )
-}
-
-type TenantFn = dyn Fn(&Parts) -> Option<String> + Send + Sync;
-type EndpointFn = dyn Fn(&Parts) -> String + Send + Sync;
-type FingerprintFn = dyn Fn(&Parts, &Bytes) -> Fingerprint + Send + Sync;
-type PolicyFn = dyn Fn(StatusCode) -> OutcomePolicy + Send + Sync;
-type HeaderFn = dyn Fn(&HeaderName) -> bool + Send + Sync;
-/// Runs a future to completion in the background (for example `tokio::spawn`).
-pub type Spawner =
-    dyn Fn(std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>) + Send + Sync;
-
-pub(crate) struct Config {
-    pub(crate) store: Store,
-    pub(crate) methods: Vec<Method>,
-    pub(crate) key_required: bool,
-    pub(crate) key_header: HeaderName,
-    pub(crate) tenant: Box<TenantFn>,
-    pub(crate) endpoint: Box<EndpointFn>,
-    pub(crate) fingerprint: Option<Box<FingerprintFn>>,
-    pub(crate) max_body_bytes: usize,
-    pub(crate) stored_header: Box<HeaderFn>,
-    pub(crate) policy: Box<PolicyFn>,
-    pub(crate) replay_header: HeaderName,
-    pub(crate) wait: Duration,
-    pub(crate) heartbeat: Option<Duration>,
-    pub(crate) spawner: Option<Box<Spawner>>,
-}
 
 /// A tower layer that implements the `Idempotency-Key` header field
 /// (draft-ietf-httpapi-idempotency-key-header) over a [`Store`].

@@ -3,13 +3,13 @@
 //! [`crate::Store`]. Enabled by the `http` feature. See `docs/http.md`.
 
 mod canonical;
+mod config;
 mod key;
 mod layer;
+mod policy;
 mod problem;
 mod service;
 
-pub use layer::{
-    default_outcome_policy, default_stored_header, IdempotencyLayer, IdempotencyLayerBuilder,
-    MatchedPath, OutcomePolicy,
-};
+pub use layer::{IdempotencyLayer, IdempotencyLayerBuilder, MatchedPath};
+pub use policy::{default_outcome_policy, default_stored_header, OutcomePolicy};
 pub use service::{Claimed, IdempotencyService};

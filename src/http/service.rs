@@ -1,7 +1,8 @@
 //! The service: the request's path through the layer.
 
+use super::config::Config;
 use super::key::{self, KeyProblem};
-use super::layer::{Config, OutcomePolicy};
+use super::policy::OutcomePolicy;
 use super::problem::{types, Problem};
 use crate::timer::{far_future, sleep};
 use crate::{Claim, Error, Fingerprint, Scope, Store, Ticket};
@@ -395,7 +396,7 @@ impl<F: Future> Future for CatchUnwind<F> {
 /// Runs `run`, renewing the held claim's lease every `every`. The handler is not polled during
 /// a renewal's fsync (about a millisecond), and no thread blocks on it.
 async fn with_heartbeat<F: Future + Unpin>(mut run: F, held: &Held, every: Duration) -> F::Output {
-    let lease = held.store.inner.config.lease;
+    let lease = held.store.lease_duration();
     loop {
         let mut tick = sleep(every);
         let fired = std::future::poll_fn(|cx| {

@@ -19,8 +19,10 @@
 //! little-endian; the crc covers the 24 header bytes before it and the payload.
 //! `docs/format.md` lists the payload's op encoding.
 
+pub(crate) mod file;
+
 use crate::disk::{Gone, Op};
-use crate::error::{Error, Result};
+use crate::error::{Damaged, Error, Result};
 use redb::StorageBackend;
 
 const MAGIC: [u8; 4] = *b"IDJ1";
@@ -97,9 +99,9 @@ impl Journal {
         let mut ops = Vec::new();
         if epoch > 0 {
             while let Some(entry) = journal.read_entry()? {
-                decode_ops(&entry, &mut ops).map_err(|reason| Error::Corrupted {
-                    key: format!("(journal entry {} of epoch {epoch})", journal.seq),
-                    reason,
+                decode_ops(&entry, &mut ops).map_err(|why| Error::Corrupted {
+                    damaged: Damaged::Journal,
+                    reason: format!("entry {} of epoch {epoch}: {why}", journal.seq),
                 })?;
                 journal.end += (HEADER + entry.len()) as u64;
                 journal.seq += 1;

@@ -1,0 +1,60 @@
+//! The settings a store runs with. [`crate::StoreBuilder`] documents each one and its default;
+//! the defaults themselves are written once, here.
+
+use crate::clock::{Clock, SystemClock};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What a claim does with a stale claim (an in-progress record whose lease ran out).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum StalePolicy {
+    /// The next claim with the same fingerprint takes the key over: it gets
+    /// [`crate::Claim::Acquired`] with a ticket whose [`crate::Ticket::takeover`] describes the
+    /// abandoned attempt, so the handler reconciles downstream before repeating the side
+    /// effect. The abandoned ticket's later `complete` fails with `LeaseLost`. The default.
+    #[default]
+    TakeOver,
+    /// Stale claims stay in progress (claims answer `InProgress`) until
+    /// [`crate::Store::reap`] resolves them. For side effects that must never run twice without
+    /// a human or a reconciler deciding.
+    Keep,
+}
+
+/// redb's page cache: enough for the interior pages of a store with tens of millions of
+/// records, which every lookup touches. Leaf pages are read once (at open) or rarely (a replay),
+/// and the operating system's page cache keeps the hot ones anyway.
+const DEFAULT_CACHE_BYTES: usize = 64 << 20;
+
+/// Settings the store runs with.
+#[derive(Debug, Clone)]
+pub(crate) struct Config {
+    pub(crate) ttl: Duration,
+    pub(crate) lease: Duration,
+    pub(crate) retry_after: Duration,
+    pub(crate) stale_policy: StalePolicy,
+    pub(crate) max_response_bytes: usize,
+    pub(crate) stripes: usize,
+    pub(crate) cache_bytes: usize,
+    /// `None`: the default for the medium (see `open.rs`).
+    pub(crate) journal_bytes: Option<u64>,
+    pub(crate) replay_cache_bytes: usize,
+    pub(crate) clock: Arc<dyn Clock>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            ttl: Duration::from_secs(24 * 3600),
+            lease: Duration::from_secs(60),
+            retry_after: Duration::from_secs(1),
+            stale_policy: StalePolicy::TakeOver,
+            max_response_bytes: 1 << 20,
+            stripes: 64,
+            cache_bytes: DEFAULT_CACHE_BYTES,
+            journal_bytes: None,
+            replay_cache_bytes: 8 << 20,
+            clock: Arc::new(SystemClock),
+        }
+    }
+}
