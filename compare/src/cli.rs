@@ -1,158 +1,190 @@
-//! The command line, parsed by hand.
+//! The command line, parsed with clap.
 
 use crate::runner::Workload;
 use crate::systems::Kind;
+use clap::Parser;
 use std::path::PathBuf;
 
-pub const USAGE: &str = "\
-usage: idemdb-compare [options]
-  --systems LIST        idemdb,naive-redb,sqlite,postgres,redis,fsync-floor (default: all)
-  --workloads LIST      claim,cycle (default: both)
-  --callers LIST        caller threads per cell (default: 1,4,16,64,256)
-  --keys LIST           keys preloaded per system (default: 100000)
-  --seconds S           measured window per cell (default: 3)
-  --warmup S            warm-up before each window (default: 0.5)
-  --response-bytes N    response body size (default: 256)
-  --postgres CONN       e.g. \"host=127.0.0.1 port=54329 user=postgres dbname=idem\"
-  --redis HOST:PORT     a Redis with appendonly yes, appendfsync always
-  --out DIR             results directory (default: target/compare)
-  --data-dir DIR        where the embedded systems' files go (default: a fresh directory
-                        under target/compare/data; never tmpfs)
-  --seed N              the workload's seed (default: 2020202)
-  --max-other PCT       a cell during which other processes used more than PCT % of the
-                        CPUs is retried after the machine quietens (default: 20)
-  --max-preload S       a preload still running after S seconds is stopped, its rate
-                        reported and the system skipped for that key count (default: 600)
-  --retries N           retries of such a cell; the least disturbed attempt is kept
-                        (default: 3; 0 disables)";
-
-/// The command line.
-#[derive(Debug, Clone)]
+/// Runs idemdb next to naive redb, SQLite, PostgreSQL, Redis and the disk's fsync floor, on one
+/// durable-claim workload, in one run (see compare/README.md).
+///
+/// The list options take one comma-separated value (`--callers 1,4,16` or `--callers=1,4,16`);
+/// spaces around items and empty items are ignored, an empty list is an error. An option given
+/// twice keeps its last value.
+//
+// The command line; its doc comments are the help text. The lists are spelt `std::vec::Vec`
+// so that clap takes each as one value parsed whole, not as an option that may be repeated.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "idemdb-compare", args_override_self = true)]
 pub struct Args {
-    pub systems: Vec<Kind>,
-    pub workloads: Vec<Workload>,
-    pub callers: Vec<usize>,
-    pub keys: Vec<u64>,
+    /// Systems to run, any of idemdb, naive-redb, sqlite, postgres, redis, fsync-floor
+    #[arg(
+        long,
+        value_name = "LIST",
+        default_value = "idemdb,naive-redb,sqlite,postgres,redis,fsync-floor",
+        value_parser = systems
+    )]
+    pub systems: std::vec::Vec<Kind>,
+    /// Workloads to run, any of claim, cycle
+    #[arg(long, value_name = "LIST", default_value = "claim,cycle", value_parser = workloads)]
+    pub workloads: std::vec::Vec<Workload>,
+    /// Caller threads per cell
+    #[arg(long, value_name = "LIST", default_value = "1,4,16,64,256", value_parser = callers)]
+    pub callers: std::vec::Vec<usize>,
+    /// Keys preloaded per system, e.g. 100000,10000000
+    #[arg(long, value_name = "LIST", default_value = "100000", value_parser = keys)]
+    pub keys: std::vec::Vec<u64>,
+    /// Measured window per cell, in seconds
+    #[arg(long, value_name = "S", default_value = "3", value_parser = positive_seconds)]
     pub seconds: f64,
+    /// Warm-up before each window, in seconds
+    #[arg(long, value_name = "S", default_value = "0.5", value_parser = seconds)]
     pub warmup: f64,
+    /// Response body size in bytes
+    #[arg(long, value_name = "N", default_value = "256")]
     pub response_bytes: usize,
+    /// PostgreSQL connection, e.g. "host=127.0.0.1 port=54329 user=postgres dbname=idem"
+    /// [default: none, postgres is skipped]
+    #[arg(long, value_name = "CONN")]
     pub postgres: Option<String>,
+    /// A Redis with appendonly yes, appendfsync always [default: none, redis is skipped]
+    #[arg(long, value_name = "HOST:PORT")]
     pub redis: Option<String>,
+    /// Results directory
+    #[arg(long, value_name = "DIR", default_value = "target/compare")]
     pub out: PathBuf,
+    /// Where the embedded systems' files go; never tmpfs [default: a fresh directory under
+    /// target/compare/data]
+    #[arg(long, value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
+    /// The workload's seed
+    #[arg(long, value_name = "N", default_value = "2020202")]
     pub seed: u64,
+    /// A cell during which other processes used more than PCT % of the CPUs is retried after
+    /// the machine quietens
+    #[arg(long, value_name = "PCT", default_value = "20", value_parser = percentage)]
     pub max_other: f64,
+    /// A preload still running after S seconds is stopped, its rate reported and the system
+    /// skipped for that key count
+    #[arg(long, value_name = "S", default_value = "600", value_parser = seconds)]
     pub max_preload: f64,
+    /// Retries of such a cell; the least disturbed attempt is kept (0 disables)
+    #[arg(long, value_name = "N", default_value = "3")]
     pub retries: usize,
 }
 
-fn list<T>(value: &str, what: &str, parse: impl Fn(&str) -> Option<T>) -> Result<Vec<T>, String> {
+/// A comma-separated list, each item read by `item`.
+fn list<T>(value: &str, item: impl Fn(&str) -> Result<T, String>) -> Result<Vec<T>, String> {
     let items: Vec<T> = value
         .split(',')
         .map(str::trim)
         .filter(|s| !s.is_empty())
-        .map(|s| parse(s).ok_or_else(|| format!("{what}: bad value {s:?}")))
+        .map(item)
         .collect::<Result<_, _>>()?;
     if items.is_empty() {
-        return Err(format!("{what}: empty list"));
+        return Err("empty list".into());
     }
     Ok(items)
 }
 
-fn seconds(value: &str, what: &str) -> Result<f64, String> {
+fn systems(value: &str) -> Result<Vec<Kind>, String> {
+    list(value, |s| {
+        Kind::parse(s).ok_or_else(|| {
+            let known: Vec<_> = Kind::ALL.iter().map(|k| k.name()).collect();
+            format!("unknown system {s:?} (known: {})", known.join(", "))
+        })
+    })
+}
+
+fn workloads(value: &str) -> Result<Vec<Workload>, String> {
+    list(value, |s| {
+        Workload::parse(s).ok_or_else(|| {
+            let known: Vec<_> = Workload::ALL.iter().map(|w| w.name()).collect();
+            format!("unknown workload {s:?} (known: {})", known.join(", "))
+        })
+    })
+}
+
+fn callers(value: &str) -> Result<Vec<usize>, String> {
+    list(value, |s| {
+        s.parse()
+            .ok()
+            .filter(|&n| n > 0)
+            .ok_or_else(|| format!("bad caller count {s:?} (a whole number, 1 or more)"))
+    })
+}
+
+fn keys(value: &str) -> Result<Vec<u64>, String> {
+    list(value, |s| {
+        s.parse()
+            .map_err(|_| format!("bad key count {s:?} (a whole number)"))
+    })
+}
+
+/// A finite number of seconds, 0 or more.
+fn seconds(value: &str) -> Result<f64, String> {
     value
         .parse::<f64>()
         .ok()
         .filter(|s| s.is_finite() && *s >= 0.0)
-        .ok_or_else(|| format!("{what}: bad number of seconds {value:?}"))
+        .ok_or_else(|| "not a number of seconds (0 or more)".into())
 }
 
-impl Args {
-    /// Parses the arguments after the program name; `Err("")` asks for the usage text.
-    pub fn parse(mut argv: impl Iterator<Item = String>) -> Result<Args, String> {
-        let mut args = Args {
-            systems: Kind::ALL.to_vec(),
-            workloads: Workload::ALL.to_vec(),
-            callers: vec![1, 4, 16, 64, 256],
-            keys: vec![100_000],
-            seconds: 3.0,
-            warmup: 0.5,
-            response_bytes: 256,
-            postgres: None,
-            redis: None,
-            out: PathBuf::from("target/compare"),
-            data_dir: None,
-            seed: 2_020_202,
-            max_other: 20.0,
-            max_preload: 600.0,
-            retries: 3,
-        };
-        while let Some(flag) = argv.next() {
-            if flag == "-h" || flag == "--help" {
-                return Err(String::new());
-            }
-            let (name, inline) = match flag.split_once('=') {
-                Some((n, v)) => (n.to_string(), Some(v.to_string())),
-                None => (flag.clone(), None),
-            };
-            let mut value = || {
-                inline
-                    .clone()
-                    .or_else(|| argv.next())
-                    .ok_or_else(|| format!("{name} needs a value"))
-            };
-            match name.as_str() {
-                "--systems" => args.systems = list(&value()?, &name, Kind::parse)?,
-                "--workloads" => args.workloads = list(&value()?, &name, Workload::parse)?,
-                "--callers" => {
-                    args.callers = list(&value()?, &name, |s| s.parse().ok().filter(|&n| n > 0))?;
-                }
-                "--keys" => args.keys = list(&value()?, &name, |s| s.parse().ok())?,
-                "--seconds" => args.seconds = seconds(&value()?, &name)?,
-                "--warmup" => args.warmup = seconds(&value()?, &name)?,
-                "--response-bytes" => {
-                    args.response_bytes = value()?
-                        .parse()
-                        .map_err(|_| format!("{name}: not a number"))?;
-                }
-                "--postgres" => args.postgres = Some(value()?),
-                "--redis" => args.redis = Some(value()?),
-                "--out" => args.out = PathBuf::from(value()?),
-                "--data-dir" => args.data_dir = Some(PathBuf::from(value()?)),
-                "--max-other" => {
-                    args.max_other = value()?
-                        .parse()
-                        .ok()
-                        .filter(|p: &f64| *p > 0.0)
-                        .ok_or_else(|| format!("{name}: not a positive percentage"))?;
-                }
-                "--max-preload" => args.max_preload = seconds(&value()?, &name)?,
-                "--retries" => {
-                    args.retries = value()?
-                        .parse()
-                        .map_err(|_| format!("{name}: not a number"))?;
-                }
-                "--seed" => {
-                    args.seed = value()?
-                        .parse()
-                        .map_err(|_| format!("{name}: not a number"))?
-                }
-                other => return Err(format!("unknown argument {other:?}")),
-            }
-        }
-        if args.seconds <= 0.0 {
-            return Err("--seconds must be positive".into());
-        }
-        Ok(args)
+/// A finite number of seconds, more than 0.
+fn positive_seconds(value: &str) -> Result<f64, String> {
+    let s = seconds(value)?;
+    if s > 0.0 {
+        Ok(s)
+    } else {
+        Err("must be positive".into())
     }
+}
+
+fn percentage(value: &str) -> Result<f64, String> {
+    value
+        .parse()
+        .ok()
+        .filter(|p: &f64| *p > 0.0)
+        .ok_or_else(|| "not a positive percentage".into())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::error::ErrorKind;
+    use clap::CommandFactory;
 
-    fn parse(args: &[&str]) -> Result<Args, String> {
-        Args::parse(args.iter().map(|s| (*s).to_string()))
+    fn parse(args: &[&str]) -> Result<Args, clap::Error> {
+        Args::try_parse_from(std::iter::once("idemdb-compare").chain(args.iter().copied()))
+    }
+
+    fn error_kind(args: &[&str]) -> ErrorKind {
+        parse(args).expect_err("should not parse").kind()
+    }
+
+    #[test]
+    fn the_command_is_well_formed() {
+        Args::command().debug_assert();
+    }
+
+    #[test]
+    fn defaults() {
+        let a = parse(&[]).unwrap();
+        assert_eq!(a.systems, Kind::ALL.to_vec());
+        assert_eq!(a.workloads, Workload::ALL.to_vec());
+        assert_eq!(a.callers, vec![1, 4, 16, 64, 256]);
+        assert_eq!(a.keys, vec![100_000]);
+        assert!((a.seconds - 3.0).abs() < f64::EPSILON);
+        assert!((a.warmup - 0.5).abs() < f64::EPSILON);
+        assert_eq!(a.response_bytes, 256);
+        assert_eq!(a.postgres, None);
+        assert_eq!(a.redis, None);
+        assert_eq!(a.out, PathBuf::from("target/compare"));
+        assert_eq!(a.data_dir, None);
+        assert_eq!(a.seed, 2_020_202);
+        assert!((a.max_other - 20.0).abs() < f64::EPSILON);
+        assert!((a.max_preload - 600.0).abs() < f64::EPSILON);
+        assert_eq!(a.retries, 3);
     }
 
     #[test]
@@ -177,10 +209,216 @@ mod tests {
     }
 
     #[test]
-    fn bad_flags_are_errors() {
-        assert!(parse(&["--systems", "mysql"]).is_err());
-        assert!(parse(&["--callers", "0"]).is_err());
-        assert!(parse(&["--seconds"]).is_err());
-        assert!(parse(&["--frobnicate"]).is_err());
+    fn every_scalar_option_parses() {
+        let a = parse(&[
+            "--warmup=0",
+            "--response-bytes",
+            "4096",
+            "--postgres",
+            "host=127.0.0.1 port=54329 user=postgres dbname=idem",
+            "--redis",
+            "127.0.0.1:63790",
+            "--out",
+            "target/compare/smoke",
+            "--data-dir",
+            "/var/tmp/x",
+            "--seed",
+            "7",
+            "--max-other",
+            "12.5",
+            "--max-preload",
+            "0",
+            "--retries",
+            "0",
+        ])
+        .unwrap();
+        assert!(a.warmup.abs() < f64::EPSILON);
+        assert_eq!(a.response_bytes, 4096);
+        assert_eq!(
+            a.postgres.as_deref(),
+            Some("host=127.0.0.1 port=54329 user=postgres dbname=idem")
+        );
+        assert_eq!(a.redis.as_deref(), Some("127.0.0.1:63790"));
+        assert_eq!(a.out, PathBuf::from("target/compare/smoke"));
+        assert_eq!(a.data_dir, Some(PathBuf::from("/var/tmp/x")));
+        assert_eq!(a.seed, 7);
+        assert!((a.max_other - 12.5).abs() < f64::EPSILON);
+        assert!(a.max_preload.abs() < f64::EPSILON);
+        assert_eq!(a.retries, 0);
+    }
+
+    #[test]
+    fn systems_list() {
+        let all = "idemdb,naive-redb,sqlite,postgres,redis,fsync-floor";
+        assert_eq!(parse(&["--systems", all]).unwrap().systems, Kind::ALL);
+        assert_eq!(
+            parse(&["--systems=fsync-floor, redis,,"]).unwrap().systems,
+            vec![Kind::FsyncFloor, Kind::Redis]
+        );
+        assert_eq!(
+            parse(&["--systems", "naive-redb"]).unwrap().systems,
+            vec![Kind::NaiveRedb]
+        );
+    }
+
+    #[test]
+    fn workloads_list() {
+        assert_eq!(
+            parse(&["--workloads", "cycle,claim"]).unwrap().workloads,
+            vec![Workload::Cycle, Workload::Claim]
+        );
+        assert_eq!(
+            parse(&["--workloads= cycle "]).unwrap().workloads,
+            vec![Workload::Cycle]
+        );
+    }
+
+    #[test]
+    fn callers_list() {
+        assert_eq!(
+            parse(&["--callers", "1, 4,,256"]).unwrap().callers,
+            vec![1, 4, 256]
+        );
+        assert_eq!(parse(&["--callers", "64"]).unwrap().callers, vec![64]);
+    }
+
+    #[test]
+    fn keys_list() {
+        assert_eq!(
+            parse(&["--keys", "100000,10000000"]).unwrap().keys,
+            vec![100_000, 10_000_000]
+        );
+        assert_eq!(parse(&["--keys=0"]).unwrap().keys, vec![0]);
+    }
+
+    #[test]
+    fn a_repeated_option_keeps_its_last_value() {
+        // run.sh passes --postgres and --redis before the caller's own arguments.
+        let a = parse(&[
+            "--redis",
+            "a:1",
+            "--keys",
+            "1",
+            "--redis",
+            "b:2",
+            "--keys=2,3",
+        ])
+        .unwrap();
+        assert_eq!(a.redis.as_deref(), Some("b:2"));
+        assert_eq!(a.keys, vec![2, 3]);
+    }
+
+    #[test]
+    fn bad_values_are_errors() {
+        for args in [
+            &["--systems", "mysql"][..],
+            &["--systems", "idemdb,mysql"],
+            &["--systems", ""],
+            &["--systems", " , "],
+            &["--workloads", "read"],
+            &["--callers", "0"],
+            &["--callers", "1,x"],
+            &["--keys=-5"],
+            &["--keys", "1e6"],
+            &["--seconds", "0"],
+            &["--seconds", "-1"],
+            &["--seconds", "inf"],
+            &["--warmup", "NaN"],
+            &["--max-preload", "soon"],
+            &["--max-other", "0"],
+            &["--max-other", "NaN"],
+            &["--response-bytes=-1"],
+            &["--retries", "two"],
+            &["--seed", "1.5"],
+        ] {
+            let kind = error_kind(args);
+            assert!(
+                matches!(
+                    kind,
+                    ErrorKind::ValueValidation | ErrorKind::UnknownArgument
+                ),
+                "{args:?}: {kind:?}"
+            );
+        }
+        // The message names the option and says what is wrong.
+        let message = parse(&["--systems", "idemdb,mysql"])
+            .unwrap_err()
+            .to_string();
+        assert!(message.contains("--systems"), "{message}");
+        assert!(message.contains("unknown system \"mysql\""), "{message}");
+        assert!(message.contains("fsync-floor"), "{message}");
+        let message = parse(&["--callers", "0"]).unwrap_err().to_string();
+        assert!(message.contains("bad caller count \"0\""), "{message}");
+        let message = parse(&["--systems="]).unwrap_err().to_string();
+        assert!(message.contains("empty list"), "{message}");
+        let message = parse(&["--seconds", "0"]).unwrap_err().to_string();
+        assert!(message.contains("must be positive"), "{message}");
+    }
+
+    #[test]
+    fn unknown_flags_and_missing_values_are_errors() {
+        assert_eq!(error_kind(&["--frobnicate"]), ErrorKind::UnknownArgument);
+        assert_eq!(error_kind(&["--frobnicate=1"]), ErrorKind::UnknownArgument);
+        assert_eq!(error_kind(&["extra"]), ErrorKind::UnknownArgument);
+        assert_eq!(error_kind(&["--seconds"]), ErrorKind::InvalidValue);
+        assert_eq!(error_kind(&["--systems"]), ErrorKind::InvalidValue);
+    }
+
+    #[test]
+    fn help_lists_every_option_with_its_default() {
+        assert_eq!(error_kind(&["--help"]), ErrorKind::DisplayHelp);
+        assert_eq!(
+            error_kind(&["--seconds", "1", "-h"]),
+            ErrorKind::DisplayHelp
+        );
+        for help in [
+            Args::command().render_help().to_string(),
+            Args::command().render_long_help().to_string(),
+        ] {
+            for (option, default) in [
+                (
+                    "--systems <LIST>",
+                    "[default: idemdb,naive-redb,sqlite,postgres,redis,fsync-floor]",
+                ),
+                ("--workloads <LIST>", "[default: claim,cycle]"),
+                ("--callers <LIST>", "[default: 1,4,16,64,256]"),
+                ("--keys <LIST>", "[default: 100000]"),
+                ("--seconds <S>", "[default: 3]"),
+                ("--warmup <S>", "[default: 0.5]"),
+                ("--response-bytes <N>", "[default: 256]"),
+                ("--postgres <CONN>", "[default: none, postgres is skipped]"),
+                ("--redis <HOST:PORT>", "[default: none, redis is skipped]"),
+                ("--out <DIR>", "[default: target/compare]"),
+                (
+                    "--data-dir <DIR>",
+                    "[default: a fresh directory under target/compare/data]",
+                ),
+                ("--seed <N>", "[default: 2020202]"),
+                ("--max-other <PCT>", "[default: 20]"),
+                ("--max-preload <S>", "[default: 600]"),
+                ("--retries <N>", "[default: 3]"),
+            ] {
+                // An entry is an option's line and the lines under it, up to the next option.
+                let mut entries: Vec<String> = Vec::new();
+                for line in help.lines() {
+                    match entries.last_mut() {
+                        Some(entry) if !line.trim_start().starts_with('-') => {
+                            entry.push(' ');
+                            entry.push_str(line);
+                        }
+                        _ => entries.push(line.to_owned()),
+                    }
+                }
+                let entry = entries
+                    .iter()
+                    .find(|e| e.trim_start().starts_with(option))
+                    .unwrap_or_else(|| panic!("{option} missing from:\n{help}"));
+                let entry = entry.split_whitespace().collect::<Vec<_>>().join(" ");
+                assert!(
+                    entry.contains(default),
+                    "{option} without {default} in:\n{help}"
+                );
+            }
+        }
     }
 }

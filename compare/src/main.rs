@@ -11,7 +11,8 @@ mod runner;
 mod systems;
 mod workload;
 
-use cli::{Args, USAGE};
+use clap::Parser as _;
+use cli::Args;
 use machine::Machine;
 use measure::Device;
 use report::Row;
@@ -23,16 +24,8 @@ use systems::{Kind, Setup};
 use workload::Payload;
 
 fn main() {
-    let args = match Args::parse(std::env::args().skip(1)) {
-        Ok(args) => args,
-        Err(e) => {
-            if !e.is_empty() {
-                eprintln!("error: {e}");
-            }
-            eprintln!("{USAGE}");
-            std::process::exit(if e.is_empty() { 0 } else { 2 });
-        }
-    };
+    // Prints help (exit 0) or the error and usage (exit 2) itself.
+    let args = Args::parse();
     if let Err(e) = run(&args) {
         eprintln!("error: {e}");
         std::process::exit(1);
