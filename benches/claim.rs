@@ -42,7 +42,7 @@ use std::time::{Duration, Instant};
 use tempfile::TempDir;
 
 mod common;
-use common::{derive_seed, SplitMix64, KEY_LEN};
+use common::{SplitMix64, KEY_LEN};
 
 /// Distinct tenants the keys are spread over.
 const TENANTS: usize = 4;
@@ -90,7 +90,7 @@ impl Workload {
 
     /// A new request with a fresh random key.
     fn request(&self, rng: &mut SplitMix64) -> Request {
-        let tenant = rng.below(TENANTS);
+        let tenant = rng.index(TENANTS);
         let key = rng.ascii(KEY_LEN);
         let scope = &self.scopes[tenant];
         let mut naive_key = Vec::with_capacity(scope.tenant().len() + ENDPOINT.len() + KEY_LEN + 2);
@@ -233,7 +233,7 @@ fn run_parallel(
             let t64 = u64::try_from(t).expect("usize fits u64");
             let share = iters / n + u64::from(t64 < iters % n);
             s.spawn(move || {
-                let mut rng = SplitMix64::new(derive_seed(seed, 0, t));
+                let mut rng = SplitMix64::derive(seed, 0, t64);
                 let requests: Vec<Request> = (0..share).map(|_| w.request(&mut rng)).collect();
                 barrier.wait();
                 for req in &requests {
@@ -334,7 +334,7 @@ fn side_by_side(
             g.bench_with_input(BenchmarkId::new(name, threads), &threads, |b, &n| {
                 b.iter_custom(|iters| {
                     round += 1;
-                    let seed = derive_seed(seed, round, n);
+                    let seed = SplitMix64::derive(seed, round, n as u64).next_u64();
                     run_parallel(n, iters, seed, &w, &|req| idem_op(&idem, &w, req))
                 });
             });
@@ -353,7 +353,7 @@ fn side_by_side(
             |b, &n| {
                 b.iter_custom(|iters| {
                     round += 1;
-                    let seed = derive_seed(seed, round, n);
+                    let seed = SplitMix64::derive(seed, round, n as u64).next_u64();
                     run_parallel(n, iters, seed, &w, &|req| naive_op(&naive, &w, req))
                 });
             },

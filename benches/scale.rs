@@ -31,7 +31,7 @@ use std::sync::Barrier;
 use std::time::{Duration, Instant, SystemTime};
 
 mod common;
-use common::{derive_seed, SplitMix64, KEY_LEN};
+use common::{SplitMix64, KEY_LEN};
 
 const TENANTS: usize = 4;
 const ENDPOINT: &str = "POST /v1/payments";
@@ -164,14 +164,14 @@ fn preload(store: &Store, n: u64) {
     let fingerprint = Fingerprint::of(br#"{"amount":5000,"currency":"usd"}"#);
     let body = SplitMix64::new(0xb0d7).ascii(RESPONSE_LEN).into_bytes();
     runtime.block_on(async {
-        let mut rng = SplitMix64::new(derive_seed(0x5ca1e, n, 0));
+        let mut rng = SplitMix64::derive(0x5ca1e, n, 0);
         let mut tasks = tokio::task::JoinSet::new();
         for _ in 0..n {
             if tasks.len() == IN_FLIGHT {
                 tasks.join_next().await.expect("a task").expect("no panic");
             }
             let (store, body) = (store.clone(), body.clone());
-            let scope = scopes[rng.below(TENANTS)].clone();
+            let scope = scopes[rng.index(TENANTS)].clone();
             let key = rng.ascii(KEY_LEN);
             tasks.spawn(async move {
                 let claim = store.claim_async(&scope, &key, fingerprint).await;
@@ -201,11 +201,12 @@ fn claim_loop(store: &Store, seconds: Duration) -> f64 {
         for t in 0..CLAIM_THREADS {
             let (barrier, stop, claims, scopes) = (&barrier, &stop, &claims, &scopes);
             s.spawn(move || {
-                let mut rng = SplitMix64::new(derive_seed(0xc1a1, 0, t));
+                let mut rng =
+                    SplitMix64::derive(0xc1a1, 0, u64::try_from(t).expect("usize fits u64"));
                 let mut mine = 0;
                 barrier.wait();
                 while !stop.load(Ordering::Relaxed) {
-                    let scope = &scopes[rng.below(TENANTS)];
+                    let scope = &scopes[rng.index(TENANTS)];
                     let claim = store.claim(scope, &rng.ascii(KEY_LEN), fingerprint);
                     assert!(matches!(claim, Ok(Claim::Acquired(_))), "{claim:?}");
                     mine += 1;

@@ -23,6 +23,7 @@
 
 #![cfg(unix)]
 
+use idemdb::simulation::{mix, SplitMix64};
 use idemdb::{Claim, EntryState, Error, Fingerprint, Response, Scope, Store};
 use std::collections::{BTreeMap, HashMap};
 use std::io::{BufRead, BufReader, Read, Write};
@@ -50,27 +51,6 @@ const SIGKILL: i32 = 9;
 
 // ---------------------------------------------------------------------------------------------
 // Everything both processes derive from a key.
-
-/// The splitmix64 finaliser.
-fn mix(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
-/// splitmix64: small, seedable, good enough for schedules and test data.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        mix(self.0)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
 
 /// FNV-1a over the parts (each followed by a separator byte), then mixed.
 fn hash(parts: &[&[u8]]) -> u64 {
@@ -125,7 +105,7 @@ fn other_fingerprint(tenant: &str, key: &str) -> Fingerprint {
 /// `set-cookie` is in HTTP) and a body of 0..=3000 arbitrary bytes, all derived from the key.
 fn expected_response(tenant: &str, key: &str) -> Response {
     let h = hash(&[tenant.as_bytes(), key.as_bytes()]);
-    let mut rng = Rng(h);
+    let mut rng = SplitMix64::new(h);
     let status = [200, 201, 202, 402, 409, 422][usize::try_from(h % 6).unwrap()];
     let len = if rng.below(10) == 0 {
         0
@@ -134,13 +114,13 @@ fn expected_response(tenant: &str, key: &str) -> Response {
     };
     let mut body = Vec::with_capacity(len + 8);
     while body.len() < len {
-        body.extend_from_slice(&rng.next().to_le_bytes());
+        body.extend_from_slice(&rng.next_u64().to_le_bytes());
     }
     body.truncate(len);
     Response::new(status, body)
         .with_header(
             "set-cookie",
-            format!("session={:016x}; HttpOnly", rng.next()),
+            format!("session={:016x}; HttpOnly", rng.next_u64()),
         )
         .with_header("idempotency-key", key)
         .with_header("set-cookie", format!("tenant={tenant}; Path=/"))
@@ -313,7 +293,7 @@ struct Plan {
     delay: Duration,
 }
 
-fn plan(round: u64, rng: &mut Rng) -> Plan {
+fn plan(round: u64, rng: &mut SplitMix64) -> Plan {
     let early = round.is_multiple_of(4);
     let delay_ms = if early {
         rng.below(12)
@@ -759,7 +739,7 @@ fn kill_9_never_loses_an_acknowledged_operation() {
     let exe = std::env::current_exe().expect("current_exe");
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("kill.idem");
-    let mut rng = Rng(base);
+    let mut rng = SplitMix64::new(base);
     let mut model = Model::default();
     let mut tally = Tally::default();
     for round in 0..rounds {

@@ -23,7 +23,7 @@
 //! raise it, and `IDEMDB_MODEL_STEPS` changes the longest sequence. Each property prints how
 //! many cases, steps, crashes and faults it ran (`cargo test --test model -- --nocapture`).
 
-use idemdb::simulation::{CrashImage, SimDisk};
+use idemdb::simulation::{mix, CrashImage, SimDisk};
 use idemdb::{
     Claim, Entry, EntryState, Error, Fingerprint, ManualClock, Resolution, Response, Scope,
     StaleClaim, StalePolicy, Store, Takeover, Ticket,
@@ -433,12 +433,6 @@ enum Decision {
     /// Complete with a response over the limit: the reap stops with `ResponseTooLarge`,
     /// keeping what it resolved before.
     TooLarge,
-}
-
-fn mix(mut x: u64) -> u64 {
-    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    x ^ (x >> 31)
 }
 
 fn decide(seed: u64, fence: u64) -> Decision {

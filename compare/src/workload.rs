@@ -9,8 +9,6 @@ pub const TENANTS: usize = 4;
 pub const ENDPOINT: &str = "POST /v1/payments";
 /// Length of every idempotency key, in bytes.
 pub const KEY_LEN: usize = 40;
-/// Visible ASCII, 64 symbols: six random bits pick one.
-const KEY_ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
 /// Bytes of metadata the peers store next to the 32-byte digest (100 bytes in all).
 pub const META_EXTRA: usize = 68;
 /// What a peer stores per claim: digest and metadata.
@@ -20,55 +18,8 @@ pub const TTL_MS: u64 = 86_400_000;
 /// The status every completed request stores.
 pub const STATUS: u16 = 201;
 
-/// SplitMix64: tiny, fast, and good enough to draw keys.
-#[derive(Debug, Clone)]
-pub struct Rng(u64);
-
-impl Rng {
-    /// A generator whose stream is fixed by `seed`.
-    pub fn new(seed: u64) -> Rng {
-        Rng(seed)
-    }
-
-    /// A generator for one (purpose, index) pair of a base seed: distinct inputs give
-    /// unrelated streams (each step is a bijective mix, so only a 64-bit collision could repeat
-    /// a stream).
-    pub fn derive(base: u64, purpose: u64, index: u64) -> Rng {
-        let a = Rng::new(base).next_u64();
-        let b = Rng::new(a ^ purpose).next_u64();
-        Rng::new(Rng::new(b ^ index).next_u64())
-    }
-
-    /// The next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// A value in `0..n` (the modulo bias is irrelevant for the small `n` used here).
-    pub fn below(&mut self, n: usize) -> usize {
-        (self.next_u64() % n as u64) as usize
-    }
-
-    /// `len` bytes of the 64-symbol key alphabet.
-    pub fn ascii(&mut self, len: usize) -> String {
-        let mut out = String::with_capacity(len);
-        while out.len() < len {
-            let mut bits = self.next_u64();
-            for _ in 0..10 {
-                if out.len() == len {
-                    break;
-                }
-                out.push(char::from(KEY_ALPHABET[(bits & 63) as usize]));
-                bits >>= 6;
-            }
-        }
-        out
-    }
-}
+/// The seeded generator every part of idemdb's test and benchmark code draws from.
+pub use idemdb::simulation::SplitMix64 as Rng;
 
 /// One request: its scope, its key and its body (hashed into the fingerprint by each system).
 #[derive(Debug, Clone)]
@@ -114,7 +65,7 @@ impl Requests {
 
     /// The next request: a fresh random key in a random tenant.
     pub fn next_request(&mut self) -> Request {
-        let tenant = self.rng.below(TENANTS);
+        let tenant = self.rng.index(TENANTS);
         let key = self.rng.ascii(KEY_LEN);
         let amount = 100 + self.rng.below(1_000_000);
         let customer = self.rng.below(100_000);

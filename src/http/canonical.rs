@@ -348,6 +348,7 @@ fn write_string(out: &mut Vec<u8>, value: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::simulation::SplitMix64;
 
     use proptest::prelude::*;
     use serde_json::Value;
@@ -906,10 +907,7 @@ mod tests {
         use std::io::Write;
         use std::process::{Command, Stdio};
 
-        let mut rng = Scrambler {
-            state: 0x9e37_79b9_7f4a_7c15,
-            out: String::new(),
-        };
+        let mut rng = Scrambler::new(0x9e37_79b9_7f4a_7c15);
         let mut texts = Vec::new();
         for i in 0..30_000 {
             let value = match i % 3 {
@@ -1073,22 +1071,24 @@ mod tests {
     /// Writes `value` as valid JSON that is not canonical: members in a shuffled order, random
     /// whitespace, characters escaped at random, numbers in other spellings of the same double.
     struct Scrambler {
-        state: u64,
+        rng: SplitMix64,
         out: String,
     }
 
     impl Scrambler {
+        fn new(seed: u64) -> Scrambler {
+            Scrambler {
+                rng: SplitMix64::new(seed),
+                out: String::new(),
+            }
+        }
+
         fn next(&mut self) -> u64 {
-            // xorshift64*; the seed is made non-zero by the caller.
-            self.state ^= self.state >> 12;
-            self.state ^= self.state << 25;
-            self.state ^= self.state >> 27;
-            self.state.wrapping_mul(0x2545_f491_4f6c_dd1d)
+            self.rng.next_u64()
         }
 
         fn below(&mut self, n: usize) -> usize {
-            let n = u64::try_from(n).expect("usize fits u64");
-            usize::try_from(self.next() % n).expect("less than a usize")
+            self.rng.index(n)
         }
 
         fn space(&mut self) {
@@ -1206,7 +1206,7 @@ mod tests {
         #[test]
         fn every_spelling_of_a_value_has_one_canonical_form(value in arb_value(), seed in any::<u64>()) {
             let canonical = canonicalize(&serde_json::to_vec(&value).unwrap()).unwrap();
-            let mut scrambler = Scrambler { state: seed | 1, out: String::new() };
+            let mut scrambler = Scrambler::new(seed);
             scrambler.value(&value);
             let scrambled = canonicalize(scrambler.out.as_bytes());
             prop_assert_eq!(scrambled, Ok(canonical), "{}", scrambler.out);

@@ -9,6 +9,10 @@
 //! power after a given number of I/O events (every later call fails, as if the machine were
 //! off) and fail the N-th write or sync, once or for good.
 
+mod rng;
+
+pub use rng::{mix, SplitMix64};
+
 use crate::sync::{Arc, Mutex};
 use redb::StorageBackend;
 
@@ -172,10 +176,10 @@ impl SimDisk {
     /// chooses, which then counts as durable; faults are cleared (the machine reboots).
     pub fn crash(&self, image: CrashImage) {
         let mut d = self.0.lock();
-        let mut rng = match image {
+        let mut rng = SplitMix64::new(match image {
             CrashImage::Subset(seed) | CrashImage::Torn(seed) => seed,
             _ => 0,
-        };
+        });
         for file in &mut d.files {
             file.crash(image, &mut rng);
         }
@@ -194,13 +198,13 @@ impl SimDisk {
 }
 
 impl Image {
-    fn crash(&mut self, image: CrashImage, rng: &mut u64) {
+    fn crash(&mut self, image: CrashImage, rng: &mut SplitMix64) {
         let mut rebuilt = self.durable.clone();
         for p in std::mem::take(&mut self.unsynced) {
             let keep = match image {
                 CrashImage::Durable => false,
                 CrashImage::All => true,
-                CrashImage::Subset(_) | CrashImage::Torn(_) => next(rng) & 1 == 1,
+                CrashImage::Subset(_) | CrashImage::Torn(_) => rng.next_u64() & 1 == 1,
             };
             if !keep {
                 continue;
@@ -209,7 +213,7 @@ impl Image {
                 Pending::SetLen(len) => rebuilt.resize(len, 0),
                 Pending::Write { offset, data } => {
                     for (i, sector) in data.chunks(SECTOR).enumerate() {
-                        if matches!(image, CrashImage::Torn(_)) && next(rng) & 1 == 0 {
+                        if matches!(image, CrashImage::Torn(_)) && rng.next_u64() & 1 == 0 {
                             continue;
                         }
                         put(&mut rebuilt, offset + i * SECTOR, sector);
@@ -220,14 +224,6 @@ impl Image {
         self.live = rebuilt.clone();
         self.durable = rebuilt;
     }
-}
-
-fn next(state: &mut u64) -> u64 {
-    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
 }
 
 fn put(image: &mut Vec<u8>, offset: usize, data: &[u8]) {
