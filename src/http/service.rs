@@ -11,6 +11,7 @@ use ::http::{header, HeaderName, HeaderValue, Request, Response, StatusCode};
 use bytes::Bytes;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use std::future::Future;
+use futures_util::FutureExt as _;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -181,11 +182,14 @@ where
     };
     // Detached: the handler runs to completion, and its outcome is stored, even if this request
     // future is dropped because the client went away (the seed's "response lost" case).
-    let (tx, rx) = oneshot();
-    spawn(Box::pin(async move { tx.send(work.await) }));
+    let (tx, rx) = futures_channel::oneshot::channel();
+    spawn(Box::pin(async move {
+        // The request future may be gone (the client left): then nobody needs the response.
+        let _ = tx.send(work.await);
+    }));
     match rx.await {
-        Some(result) => result,
-        None => Ok(Problem::new(
+        Ok(result) => result,
+        Err(futures_channel::oneshot::Canceled) => Ok(Problem::new(
             StatusCode::INTERNAL_SERVER_ERROR,
             types::HANDLER_PANICKED,
             "internal error",
@@ -216,7 +220,7 @@ where
         store: store.clone(),
         ticket: Some(ticket),
     };
-    let run = CatchUnwind(Box::pin(inner.call(req)));
+    let run = Box::pin(AssertUnwindSafe(inner.call(req)).catch_unwind());
     let outcome = match config.heartbeat {
         Some(every) => with_heartbeat(run, &held, every).await,
         None => run.await,
@@ -378,21 +382,6 @@ impl Held {
     }
 }
 
-/// Polls a boxed future, turning a panic into an `Err`.
-struct CatchUnwind<F>(Pin<Box<F>>);
-
-impl<F: Future> Future for CatchUnwind<F> {
-    type Output = Result<F::Output, Box<dyn std::any::Any + Send>>;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match std::panic::catch_unwind(AssertUnwindSafe(|| self.0.as_mut().poll(cx))) {
-            Ok(Poll::Ready(out)) => Poll::Ready(Ok(out)),
-            Ok(Poll::Pending) => Poll::Pending,
-            Err(panic) => Poll::Ready(Err(panic)),
-        }
-    }
-}
-
 /// Runs `run`, renewing the held claim's lease every `every`. The handler is not polled during
 /// a renewal's fsync (about a millisecond), and no thread blocks on it.
 async fn with_heartbeat<F: Future + Unpin>(mut run: F, held: &Held, every: Duration) -> F::Output {
@@ -414,56 +403,5 @@ async fn with_heartbeat<F: Future + Unpin>(mut run: F, held: &Held, every: Durat
                 }
             }
         }
-    }
-}
-
-/// A one-value channel between the detached handler task and the request future.
-struct Shared<T> {
-    value: Option<T>,
-    waker: Option<std::task::Waker>,
-    closed: bool,
-}
-
-struct Sender<T>(Arc<parking_lot::Mutex<Shared<T>>>);
-struct Receiver<T>(Arc<parking_lot::Mutex<Shared<T>>>);
-
-fn oneshot<T>() -> (Sender<T>, Receiver<T>) {
-    let shared = Arc::new(parking_lot::Mutex::new(Shared {
-        value: None,
-        waker: None,
-        closed: false,
-    }));
-    (Sender(Arc::clone(&shared)), Receiver(shared))
-}
-
-impl<T> Sender<T> {
-    fn send(self, value: T) {
-        self.0.lock().value = Some(value);
-    }
-}
-
-impl<T> Drop for Sender<T> {
-    fn drop(&mut self) {
-        let mut s = self.0.lock();
-        s.closed = true;
-        if let Some(w) = s.waker.take() {
-            w.wake();
-        }
-    }
-}
-
-impl<T> Future for Receiver<T> {
-    type Output = Option<T>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<T>> {
-        let mut s = self.0.lock();
-        if let Some(v) = s.value.take() {
-            return Poll::Ready(Some(v));
-        }
-        if s.closed {
-            return Poll::Ready(None);
-        }
-        s.waker = Some(cx.waker().clone());
-        Poll::Pending
     }
 }
