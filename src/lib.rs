@@ -32,6 +32,9 @@
 //! See `docs/design.md` for the architecture and the crash-recovery argument, and
 //! `docs/format.md` for the on-disk format.
 
+// A library does not write to its host's terminal: it returns errors and counters.
+#![warn(clippy::print_stdout, clippy::print_stderr)]
+
 pub mod agent;
 mod asynchronous;
 mod builder;

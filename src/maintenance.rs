@@ -151,10 +151,9 @@ impl Store {
             };
             let mut stripe = inner.index.lock(&key.hash);
             // Only the claim the resolver saw: same fence, still in progress, still stale.
-            let unchanged = stripe.get(&key.hash) == Some(&slot);
-            if !unchanged {
+            let Some(current) = stripe.get_mut(&key.hash).filter(|s| **s == slot) else {
                 continue;
-            }
+            };
             last = Some(inner.pipeline.enqueue(op)?);
             match new_state {
                 None => {
@@ -162,10 +161,7 @@ impl Store {
                     inner.watchers.notify(&key.hash);
                 }
                 Some(state) => {
-                    stripe
-                        .get_mut(&key.hash)
-                        .expect("checked above")
-                        .set_state(state);
+                    current.set_state(state);
                     drop(stripe);
                     completed.push((key, slot.fence()));
                 }

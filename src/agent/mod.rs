@@ -9,5 +9,7 @@
 mod gateway;
 mod key;
 
-pub use gateway::{ArgumentPolicy, Gateway, GatewayBuilder, Outcome, ToolContext, ToolError};
+pub use gateway::{
+    ArgumentPolicy, Gateway, GatewayBuilder, Outcome, ToolContext, ToolError, ToolResult,
+};
 pub use key::ToolCallKey;

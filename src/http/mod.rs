@@ -12,4 +12,5 @@ mod service;
 
 pub use layer::{IdempotencyLayer, IdempotencyLayerBuilder, MatchedPath};
 pub use policy::{default_outcome_policy, default_stored_header, OutcomePolicy};
+pub use problem::types as problem_types;
 pub use service::{Claimed, IdempotencyService};

@@ -4,18 +4,29 @@ use ::http::{header, HeaderValue, StatusCode};
 use bytes::Bytes;
 use std::time::Duration;
 
-/// The `type` URIs of the problems the layer answers with; stable, documented in
-/// `docs/http.md`.
-pub(crate) mod types {
+/// The `type` URIs of the problems the layer answers with (RFC 9457), stable across versions
+/// and listed in `docs/http.md`, so that clients can match on them.
+pub mod types {
+    /// 400: the endpoint requires an `Idempotency-Key` and the request had none.
     pub const MISSING_KEY: &str = "https://idemdb.dev/problems/idempotency-key-missing";
+    /// 400: the `Idempotency-Key` is not a valid key (1..=255 bytes of visible ASCII, as a
+    /// structured-field string or token).
     pub const MALFORMED_KEY: &str = "https://idemdb.dev/problems/idempotency-key-malformed";
+    /// 400: more than one `Idempotency-Key` field.
     pub const REPEATED_KEY: &str = "https://idemdb.dev/problems/idempotency-key-repeated";
+    /// 401 (or 400 for an invalid scope): the request's tenant could not be found.
     pub const NO_TENANT: &str = "https://idemdb.dev/problems/tenant-unknown";
+    /// 413: the body exceeds the layer's cap; nothing was claimed.
     pub const BODY_TOO_LARGE: &str = "https://idemdb.dev/problems/request-body-too-large";
+    /// 400: the body could not be read.
     pub const BODY_UNREADABLE: &str = "https://idemdb.dev/problems/request-body-unreadable";
+    /// 409: a request with this key is being processed; retry after `Retry-After`.
     pub const IN_PROGRESS: &str = "https://idemdb.dev/problems/idempotency-key-in-progress";
+    /// 422: the key was used for a different request.
     pub const MISMATCH: &str = "https://idemdb.dev/problems/idempotency-key-reused";
+    /// 503: the idempotency store could not make a claim durable; retry after `Retry-After`.
     pub const STORE_UNAVAILABLE: &str = "https://idemdb.dev/problems/idempotency-store-unavailable";
+    /// 500: the handler panicked or failed; the key was released.
     pub const HANDLER_PANICKED: &str = "https://idemdb.dev/problems/handler-panicked";
 }
 

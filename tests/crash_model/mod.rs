@@ -18,30 +18,30 @@ use idemdb::{
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-pub const LEASE: Duration = Duration::from_secs(60);
-pub const TTL: Duration = Duration::from_secs(600);
-pub const TENANTS: [&str; 3] = ["acme", "globex", "initech"];
-pub const ENDPOINTS: [&str; 2] = ["POST /v1/payments", "POST /v1/refunds"];
-pub const KEYS: usize = 6;
+pub(crate) const LEASE: Duration = Duration::from_secs(60);
+pub(crate) const TTL: Duration = Duration::from_secs(600);
+pub(crate) const TENANTS: [&str; 3] = ["acme", "globex", "initech"];
+pub(crate) const ENDPOINTS: [&str; 2] = ["POST /v1/payments", "POST /v1/refunds"];
+pub(crate) const KEYS: usize = 6;
 
 /// One (tenant, endpoint, key).
-pub type Id = (usize, usize, usize);
+pub(crate) type Id = (usize, usize, usize);
 
-pub fn scope(id: Id) -> Scope {
+pub(crate) fn scope(id: Id) -> Scope {
     Scope::new(TENANTS[id.0], ENDPOINTS[id.1])
 }
 
-pub fn key(id: Id) -> String {
+pub(crate) fn key(id: Id) -> String {
     format!("key-{}", id.2)
 }
 
-pub fn fingerprint(variant: bool) -> Fingerprint {
+pub(crate) fn fingerprint(variant: bool) -> Fingerprint {
     Fingerprint::of(if variant { b"request B" } else { b"request A" })
 }
 
 /// A response whose bytes depend on the key, the fence and `size`, so a misplaced or stale
 /// response cannot pass for the right one.
-pub fn response(id: Id, fence: u64, size: usize) -> Response {
+pub(crate) fn response(id: Id, fence: u64, size: usize) -> Response {
     let mut body = format!("{}/{}/{}/{fence}:", TENANTS[id.0], ENDPOINTS[id.1], id.2).into_bytes();
     body.extend((0..size).map(|i| (i as u64 ^ fence).to_le_bytes()[0]));
     Response::new(200 + (fence % 7) as u16, body)
@@ -52,7 +52,7 @@ pub fn response(id: Id, fence: u64, size: usize) -> Response {
 
 /// What the disk may hold for one key.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum State {
+pub(crate) enum State {
     Absent,
     /// `fence: None` is an unacknowledged claim whose fence the caller never saw.
     InProgress {
@@ -68,7 +68,7 @@ pub enum State {
 
 /// One step of a workload, with its parameters drawn from a seed.
 #[derive(Debug, Clone, Copy)]
-pub enum Step {
+pub(crate) enum Step {
     Claim { id: Id, variant: bool },
     Complete { pick: usize, size: usize },
     Release { pick: usize },
@@ -87,7 +87,7 @@ fn splitmix(state: &mut u64) -> u64 {
 }
 
 /// A fixed workload of `len` steps drawn from `seed`.
-pub fn workload(seed: u64, len: usize) -> Vec<Step> {
+pub(crate) fn workload(seed: u64, len: usize) -> Vec<Step> {
     let mut s = seed;
     (0..len)
         .map(|_| {
@@ -130,7 +130,7 @@ fn ms(t: SystemTime) -> u64 {
 }
 
 /// What the store acknowledged, key by key, and the tickets still held.
-pub struct Model {
+pub(crate) struct Model {
     pub clock: ManualClock,
     /// Allowed states per key: one when certain, two when the call that touched it failed.
     pub keys: BTreeMap<Id, Vec<State>>,
@@ -141,7 +141,7 @@ pub struct Model {
 
 /// Why a workload stopped.
 #[derive(Debug)]
-pub enum Stop {
+pub(crate) enum Stop {
     /// Every step ran.
     Done,
     /// A call failed with this error (the disk is gone or faulty).
@@ -149,7 +149,7 @@ pub enum Stop {
 }
 
 impl Model {
-    pub fn new(clock: ManualClock) -> Model {
+    pub(crate) fn new(clock: ManualClock) -> Model {
         Model {
             clock,
             keys: BTreeMap::new(),
@@ -159,7 +159,7 @@ impl Model {
         }
     }
 
-    pub fn now(&self) -> u64 {
+    pub(crate) fn now(&self) -> u64 {
         use idemdb::Clock;
         ms(self.clock.now())
     }
@@ -189,7 +189,7 @@ impl Model {
         self.keys.insert(id, vec![before, after]);
     }
 
-    pub fn builder(&self) -> idemdb::StoreBuilder {
+    pub(crate) fn builder(&self) -> idemdb::StoreBuilder {
         Store::builder()
             .lease(LEASE)
             .ttl(TTL)
@@ -197,7 +197,7 @@ impl Model {
     }
 
     /// Runs `steps` until one fails for a reason other than a lost lease.
-    pub fn run(&mut self, store: &Store, steps: &[Step]) -> Stop {
+    pub(crate) fn run(&mut self, store: &Store, steps: &[Step]) -> Stop {
         for step in steps {
             if let Err(e) = self.step(store, *step) {
                 return Stop::Failed(e);
@@ -369,7 +369,7 @@ impl Model {
 
     /// Checks a reopened store against what was acknowledged; returns how many keys it checked.
     /// Panics with the difference on the first violation.
-    pub fn check(&self, store: &Store) -> usize {
+    pub(crate) fn check(&self, store: &Store) -> usize {
         let now = self.now();
         let mut live_min = 0;
         let mut live_max = 0;
@@ -474,7 +474,7 @@ fn matches_state(state: &State, entry: Option<&idemdb::Entry>, now: u64, max_fen
 
 /// Runs `steps` on `disk` from its current state (opening the store on it), stops at the first
 /// failure, and returns the model and why it stopped. The store is dropped before returning.
-pub fn run_on(disk: &SimDisk, clock: ManualClock, steps: &[Step]) -> (Model, Stop) {
+pub(crate) fn run_on(disk: &SimDisk, clock: ManualClock, steps: &[Step]) -> (Model, Stop) {
     let mut model = Model::new(clock);
     let store = match model.builder().open_simulated(disk) {
         Ok(store) => store,
@@ -488,7 +488,7 @@ pub fn run_on(disk: &SimDisk, clock: ManualClock, steps: &[Step]) -> (Model, Sto
 /// Crashes `disk` with `image`, checks redb's integrity, reopens the store and checks it
 /// against `model`. Then checks that fences keep growing and that a pre-crash ticket is fenced
 /// off. Returns the number of keys checked.
-pub fn crash_and_check(disk: &SimDisk, image: CrashImage, model: &Model) -> usize {
+pub(crate) fn crash_and_check(disk: &SimDisk, image: CrashImage, model: &Model) -> usize {
     disk.crash(image);
     match disk.redb_integrity() {
         Ok(true) => {}
@@ -514,7 +514,7 @@ pub fn crash_and_check(disk: &SimDisk, image: CrashImage, model: &Model) -> usiz
 }
 
 /// After a crash, a ticket from before it can change nothing.
-pub fn old_ticket_is_fenced_off(model: &mut Model, store: &Store) {
+pub(crate) fn old_ticket_is_fenced_off(model: &mut Model, store: &Store) {
     if let Some((_, t)) = model.tickets.pop() {
         let fence = t.fence();
         match store.complete(t, Response::new(200, "late")) {
