@@ -84,7 +84,7 @@ const SERVER_SLOW: Duration = Duration::from_secs(45);
 const LEASE: Duration = Duration::from_secs(30);
 /// How long the crashed process takes to come back. Longer than the lease, so the calls it
 /// left in flight can be taken over (a quicker restart would see `InFlight` until the lease
-/// ran out, or could `Store::reap` them at once).
+/// ran out, or could `Gateway::reap` them at once).
 const DOWNTIME: Duration = Duration::from_secs(45);
 
 // Real durations (short: the simulated tools answer in microseconds).
@@ -686,7 +686,7 @@ impl World {
             Err(payload) => panic::resume_unwind(payload),
         };
         let sent = match outcome {
-            Outcome::Executed(result) => {
+            Outcome::Executed { result, .. } => {
                 let note = ran.reconciled.unwrap_or_else(|| "executed".to_owned());
                 if ran.took > HARNESS_DEADLINE {
                     // The result is stored, but the harness gave up waiting for it.

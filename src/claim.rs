@@ -128,7 +128,8 @@ pub struct Takeover {
     pub previous_fence: u64,
     /// When the abandoned claim was acquired.
     pub previous_claimed_at: SystemTime,
-    /// Whether the abandoned claim was left by a previous process (found when the store opened).
+    /// Whether the abandoned claim was an orphan: its holder was known to be gone (a previous
+    /// process left it, or its ticket was dropped unspent), rather than merely slow.
     pub orphan: bool,
 }
 
@@ -148,7 +149,8 @@ pub struct StaleClaim {
     pub claimed_at: SystemTime,
     /// When its lease ran out (or runs out, for an orphan).
     pub lease_deadline: SystemTime,
-    /// Left by a previous process: its holder is gone whatever its lease says.
+    /// Its holder is gone whatever its lease says: a previous process left it, or its ticket
+    /// was dropped unspent.
     pub orphan: bool,
 }
 
@@ -183,7 +185,7 @@ pub enum EntryState {
     InProgress {
         /// When the lease runs out.
         lease_deadline: SystemTime,
-        /// Left by a previous process.
+        /// Its holder is gone: a previous process left it, or its ticket was dropped.
         orphan: bool,
     },
     /// Finished.

@@ -68,7 +68,7 @@ const FENCE_BITS: u64 = FLAG - 1;
 pub(crate) enum SlotState {
     InProgress {
         lease_until: u64,
-        /// Left by a previous process: nobody in this process holds its ticket.
+        /// Nobody holds its ticket: a previous process left it, or the ticket was dropped.
         orphan: bool,
     },
     Completed {

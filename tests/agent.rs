@@ -8,7 +8,10 @@ use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 fn ok(body: &str) -> Outcome {
-    Outcome::Executed(Ok(body.as_bytes().to_vec()))
+    Outcome::Executed {
+        result: Ok(body.as_bytes().to_vec()),
+        takeover: None,
+    }
 }
 
 #[test]
@@ -106,7 +109,13 @@ fn transient_failures_release_and_deterministic_ones_are_replayed() {
             Err(ToolError::Failed(b"invalid recipient".to_vec()))
         })
         .unwrap();
-    assert_eq!(out, Outcome::Executed(Err(b"invalid recipient".to_vec())));
+    assert_eq!(
+        out,
+        Outcome::Executed {
+            result: Err(b"invalid recipient".to_vec()),
+            takeover: None
+        }
+    );
     let out = gw
         .call("agent", &key, b"x", |_| {
             panic!("a stored failure is replayed")
@@ -155,7 +164,7 @@ fn concurrent_duplicates_run_the_tool_once() {
         );
         for o in &outcomes {
             match o {
-                Outcome::Executed(_) => {}
+                Outcome::Executed { .. } => {}
                 Outcome::Replayed { result, .. } => {
                     assert!(!wait.is_zero() || result.is_ok());
                     assert_eq!(result.as_deref().unwrap(), b"T-1");
@@ -193,7 +202,9 @@ fn a_resumed_agent_replays_its_steps_across_a_restart() {
             .collect::<Vec<_>>()
     };
     let first = run_steps(&Gateway::new(Store::open(&path).unwrap()));
-    assert!(first.iter().all(|o| matches!(o, Outcome::Executed(Ok(_)))));
+    assert!(first
+        .iter()
+        .all(|o| matches!(o, Outcome::Executed { result: Ok(_), .. })));
     // The process restarts; the agent resumes from a checkpoint and replays steps 1..=3.
     let resumed = run_steps(&Gateway::new(Store::open(&path).unwrap()));
     for (step, o) in resumed.iter().enumerate() {
@@ -236,7 +247,17 @@ fn a_tool_that_died_mid_call_is_taken_over_with_a_reconcile_flag() {
             Ok(b"reconciled: charge found, not repeated".to_vec())
         })
         .unwrap();
-    assert!(matches!(out, Outcome::Executed(Ok(_))));
+    let Outcome::Executed {
+        result: Ok(_),
+        takeover: Some(takeover),
+    } = out
+    else {
+        panic!("a takeover says so: {out:?}")
+    };
+    assert!(
+        takeover.orphan,
+        "its holder is gone: the ticket dropped as the tool panicked"
+    );
 }
 
 #[test]
@@ -329,7 +350,13 @@ fn an_ambiguous_failure_is_reconciled_not_repeated() {
             Ok(b"INC-1 (found, not recreated)".to_vec())
         })
         .unwrap();
-    assert!(matches!(out, Outcome::Executed(Ok(_))));
+    assert!(matches!(
+        out,
+        Outcome::Executed {
+            result: Ok(_),
+            takeover: Some(_)
+        }
+    ));
 }
 
 #[test]
@@ -358,4 +385,98 @@ fn a_slow_tool_extends_its_lease_and_is_not_taken_over() {
         })
         .unwrap();
     assert_eq!(out, ok("done"));
+}
+
+/// `Gateway::reap` resolves abandoned calls: a call found executed replays as the tool's
+/// result (not as changed arguments, which the reaper cannot know), one found not executed is
+/// released and runs again, an undecided one stays in flight, and claims that are not tool
+/// calls (an HTTP endpoint in the same store) are never offered.
+#[test]
+fn reap_resolves_abandoned_calls_and_a_resolved_call_replays_as_the_tools_result() {
+    let clock = ManualClock::new();
+    let store = Store::builder()
+        .clock(clock.clone())
+        .lease(Duration::from_secs(60))
+        .in_memory()
+        .unwrap();
+    let gw = Gateway::new(store.clone());
+    let ambiguous =
+        |_: &idemdb::agent::ToolContext<'_>| Err(ToolError::Ambiguous("timeout".into()));
+    let done = ToolCallKey::new("task-9", 1, "create_incident");
+    let not_done = ToolCallKey::new("task-9", 2, "send_email");
+    let unknown = ToolCallKey::new("task-9", 3, "transfer");
+    for key in [&done, &not_done, &unknown] {
+        let out = gw.call("agent", key, br#"{"a":1}"#, ambiguous).unwrap();
+        assert!(matches!(out, Outcome::Unresolved { .. }), "{out:?}");
+    }
+    // An HTTP claim in the same store, also abandoned: not the gateway's to resolve.
+    let scope = idemdb::Scope::new("agent", "POST /v1/payments");
+    let idemdb::Claim::Acquired(http) = store
+        .claim(&scope, "pay-1", idemdb::Fingerprint::of(b"x"))
+        .unwrap()
+    else {
+        panic!("new key")
+    };
+    drop(http);
+    clock.advance(Duration::from_secs(61));
+    let mut offered = Vec::new();
+    let resolved = gw
+        .reap(|call| {
+            assert_eq!(call.tenant, "agent");
+            offered.push(call.key.clone());
+            if call.key == done.as_str() {
+                idemdb::agent::CallResolution::Executed(b"INC-7".to_vec())
+            } else if call.key == not_done.as_str() {
+                idemdb::agent::CallResolution::NotExecuted
+            } else {
+                idemdb::agent::CallResolution::Undecided
+            }
+        })
+        .unwrap();
+    assert_eq!(resolved, 2);
+    offered.sort();
+    let mut expected = vec![
+        done.as_str().to_owned(),
+        not_done.as_str().to_owned(),
+        unknown.as_str().to_owned(),
+    ];
+    expected.sort();
+    assert_eq!(offered, expected, "only the gateway's calls are offered");
+    // Reworded arguments on retry: still the tool's result, not flagged as changed.
+    assert_eq!(
+        gw.call("agent", &done, br#"{"a":2}"#, |_| panic!("must not run"))
+            .unwrap(),
+        Outcome::Replayed {
+            result: Ok(b"INC-7".to_vec()),
+            arguments_changed: false
+        }
+    );
+    assert_eq!(
+        gw.call("agent", &not_done, br#"{"a":1}"#, |ctx| {
+            assert!(ctx.takeover.is_none(), "released: a clean run");
+            Ok(b"sent".to_vec())
+        })
+        .unwrap(),
+        ok("sent")
+    );
+    // Undecided: still abandoned; the next attempt takes it over and reconciles itself.
+    assert!(matches!(
+        gw.call("agent", &unknown, br#"{"a":1}"#, |ctx| {
+            assert!(ctx.takeover.is_some());
+            Ok(b"found".to_vec())
+        })
+        .unwrap(),
+        Outcome::Executed {
+            takeover: Some(_),
+            ..
+        }
+    ));
+    // The HTTP claim is untouched: still stale, taken over by its own next claim.
+    match store
+        .claim(&scope, "pay-1", idemdb::Fingerprint::of(b"x"))
+        .unwrap()
+    {
+        idemdb::Claim::Acquired(t) => assert!(t.takeover().is_some()),
+        other => panic!("{other:?}"),
+    }
 }

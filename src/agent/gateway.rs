@@ -1,7 +1,7 @@
 //! The gateway: claim before the tool runs, store its result, replay it on every retry.
 
 use super::key::ToolCallKey;
-use crate::claim::{Claim, Takeover};
+use crate::claim::{Claim, Resolution, Takeover};
 use crate::error::{Error, Result};
 use crate::fingerprint::Fingerprint;
 use crate::response::Response;
@@ -9,7 +9,7 @@ use crate::scope::Scope;
 use crate::store::Store;
 use crate::timer::far_future;
 use sha2::{Digest, Sha256};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 /// The endpoint part of every tool call's scope: tool calls never share records with HTTP
 /// endpoints of the same tenant.
@@ -88,7 +88,15 @@ pub type ToolResult = std::result::Result<Vec<u8>, Vec<u8>>;
 #[non_exhaustive]
 pub enum Outcome {
     /// The tool ran in this call; its result is stored.
-    Executed(ToolResult),
+    Executed {
+        /// What the tool returned (stored and replayed to every retry).
+        result: ToolResult,
+        /// `Some` when this call took over an earlier attempt that was abandoned (it crashed,
+        /// hung up, or reported [`ToolError::Ambiguous`]) and whose lease ran out: the tool ran
+        /// with [`ToolContext::takeover`] set, and the harness may want to log that it
+        /// reconciled.
+        takeover: Option<Takeover>,
+    },
     /// The tool had already run for this key: its stored result, and whether this attempt's
     /// arguments differ from the first's (a reworded retry).
     Replayed {
@@ -130,7 +138,7 @@ pub enum Outcome {
 ///     incidents += 1;
 ///     Ok(br#"{"incident":"INC-1"}"#.to_vec())
 /// })?;
-/// assert_eq!(first, Outcome::Executed(Ok(br#"{"incident":"INC-1"}"#.to_vec())));
+/// assert!(matches!(first, Outcome::Executed { result: Ok(_), takeover: None }));
 /// // The model times out and retries, rewording its arguments: no second incident.
 /// let retry = gateway.call("agent-a", &key, br#"{"title":"Database is down"}"#, |_ctx| {
 ///     incidents += 1;
@@ -269,8 +277,12 @@ impl Gateway {
             }
         };
         let response = Response::new(status, body).with_header(ARGS_HEADER, hex(&args_digest));
+        let takeover = ticket.takeover().cloned();
         match self.store.complete(ticket, response.clone()) {
-            Ok(()) => Ok(Outcome::Executed(result_of(&response))),
+            Ok(()) => Ok(Outcome::Executed {
+                result: result_of(&response),
+                takeover,
+            }),
             Err(Error::ResponseTooLarge {
                 size,
                 limit,
@@ -288,6 +300,104 @@ impl Gateway {
     }
 }
 
+impl Gateway {
+    /// Hands every abandoned tool call of this gateway to `resolve`, and stores what it
+    /// decides: calls whose lease ran out, and at once every call a previous process left
+    /// (see [`Store::reap`]). Call it at startup and then periodically, with a resolver that
+    /// looks the side effect up in the tool's own system by the call's key.
+    ///
+    /// A call resolved as [`CallResolution::Executed`] replays to every later attempt exactly as
+    /// if the tool had returned that result ([`Outcome::Replayed`] with `Ok`); its first
+    /// arguments are unknown to the reaper, so `arguments_changed` is `false` for it. Claims in
+    /// the same store that are not this gateway's tool calls (an HTTP endpoint's) are left
+    /// alone. Returns how many calls were resolved.
+    ///
+    /// ```
+    /// use idemdb::agent::{CallResolution, Gateway, Outcome, ToolCallKey, ToolError};
+    /// use idemdb::{ManualClock, Store};
+    /// use std::time::Duration;
+    /// let clock = ManualClock::new();
+    /// let gateway = Gateway::new(Store::builder().clock(clock.clone()).in_memory()?);
+    /// let key = ToolCallKey::new("task-7", 2, "create_incident");
+    /// // The tool timed out after sending: did it create the incident? Nobody knows yet.
+    /// let out = gateway.call("agent-a", &key, b"{}", |_| Err(ToolError::Ambiguous("timeout".into())))?;
+    /// assert!(matches!(out, Outcome::Unresolved { .. }));
+    /// clock.advance(Duration::from_secs(61));
+    /// // The reconciler finds INC-9 in the incident system, created under this key.
+    /// let resolved = gateway.reap(|call| {
+    ///     assert_eq!(call.key, key.as_str());
+    ///     CallResolution::Executed(b"INC-9".to_vec())
+    /// })?;
+    /// assert_eq!(resolved, 1);
+    /// let retry = gateway.call("agent-a", &key, b"{}", |_| Ok(b"never".to_vec()))?;
+    /// assert_eq!(retry, Outcome::Replayed { result: Ok(b"INC-9".to_vec()), arguments_changed: false });
+    /// # Ok::<(), idemdb::Error>(())
+    /// ```
+    ///
+    /// # Concurrency
+    /// As [`Store::reap`]: the resolver runs with no lock held; a call that changes meanwhile
+    /// (completed, taken over) is left as it is.
+    ///
+    /// # Errors
+    /// As [`Store::reap`]; [`Error::ResponseTooLarge`] for an oversize result (calls resolved
+    /// before it stay resolved).
+    pub fn reap(&self, mut resolve: impl FnMut(&StaleCall) -> CallResolution) -> Result<usize> {
+        self.store.reap(|stale| {
+            if stale.scope.endpoint() != ENDPOINT {
+                return Resolution::Keep;
+            }
+            let call = StaleCall {
+                tenant: stale.scope.tenant().to_owned(),
+                key: stale.key.clone(),
+                fence: stale.fence,
+                claimed_at: stale.claimed_at,
+                orphan: stale.orphan,
+            };
+            match resolve(&call) {
+                CallResolution::Executed(result) => {
+                    Resolution::Complete(Response::new(STATUS_OK, result))
+                }
+                CallResolution::Failed(failure) => {
+                    Resolution::Complete(Response::new(STATUS_FAILED, failure))
+                }
+                CallResolution::NotExecuted => Resolution::Release,
+                CallResolution::Undecided => Resolution::Keep,
+            }
+        })
+    }
+}
+
+/// An abandoned tool call, as [`Gateway::reap`] hands it to the resolver.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StaleCall {
+    /// The tenant the call was made for.
+    pub tenant: String,
+    /// The call's key ([`ToolCallKey::as_str`]): what the tool's system knows the effect by.
+    pub key: String,
+    /// The abandoned attempt's fencing token.
+    pub fence: u64,
+    /// When the abandoned attempt claimed the call.
+    pub claimed_at: SystemTime,
+    /// Left by a previous process (rather than abandoned in this one).
+    pub orphan: bool,
+}
+
+/// What the resolver of [`Gateway::reap`] found for one [`StaleCall`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CallResolution {
+    /// The side effect happened, with this result: stored, and replayed as `Ok` to every
+    /// later attempt.
+    Executed(Vec<u8>),
+    /// The tool failed deterministically with this: stored, and replayed as `Err`.
+    Failed(Vec<u8>),
+    /// The side effect did not happen: the key is released and the next attempt runs the tool.
+    NotExecuted,
+    /// Not known yet: the call stays in progress and is offered again at the next reap.
+    Undecided,
+}
+
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -300,6 +410,8 @@ fn result_of(stored: &Response) -> ToolResult {
     }
 }
 
+/// A stored result as a replay. A result stored by [`Gateway::reap`] has no first arguments to
+/// compare with: it is not reported as changed.
 fn replayed(stored: &Response, args_digest: &[u8; 32]) -> Outcome {
     let first = stored
         .headers()
@@ -308,6 +420,6 @@ fn replayed(stored: &Response, args_digest: &[u8; 32]) -> Outcome {
         .map(|(_, v)| v.as_slice());
     Outcome::Replayed {
         result: result_of(stored),
-        arguments_changed: first != Some(hex(args_digest).as_bytes()),
+        arguments_changed: first.is_some_and(|f| f != hex(args_digest).as_bytes()),
     }
 }

@@ -10,6 +10,7 @@ mod gateway;
 mod key;
 
 pub use gateway::{
-    ArgumentPolicy, Gateway, GatewayBuilder, Outcome, ToolContext, ToolError, ToolResult,
+    ArgumentPolicy, CallResolution, Gateway, GatewayBuilder, Outcome, StaleCall, ToolContext,
+    ToolError, ToolResult,
 };
 pub use key::ToolCallKey;
