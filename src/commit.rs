@@ -1,10 +1,15 @@
 //! Group commit. Callers queue their ops and wait; whichever waiter finds no commit running
-//! becomes the leader, takes everything queued, writes it in one redb transaction with one
-//! fsync, and wakes the others. A lone caller commits on its own thread, with no hand-off.
+//! becomes the leader, takes everything queued, makes it durable as one batch (one journal
+//! entry and one `fdatasync` of the journal, then a redb transaction applied without a sync; or,
+//! when the journal is full or absent, one durable redb commit: a checkpoint), and wakes the
+//! callers it made durable plus one caller of the next batch. A lone caller commits on its own
+//! thread, with no hand-off.
 //!
 //! Async callers never block their executor thread on an fsync: they register a waker and a
 //! `idemdb-flush` thread, started on first use, leads commits while any async caller waits.
-//! Sync leaders wake async waiters too, so both kinds share batches.
+//! Sync leaders wake async waiters too, so both kinds share batches. Ops nobody waits for (a
+//! withdrawn claim's release) are handed to the same thread ([`Pipeline::commit_soon`]), and a
+//! store closed cleanly commits what is still queued.
 //!
 //! Invariants:
 //! - an op's sequence number is below `durable` only once the batch holding it is fsynced;

@@ -20,6 +20,11 @@ use std::time::Duration;
 ///     // The tenant: an API key header here; an auth extension in a real service.
 ///     parts.headers.get("x-api-key")?.to_str().ok().map(str::to_owned)
 /// })
+/// // Recommended: a handler whose client hung up still finishes, and its response is stored
+/// // for the retry (see `IdempotencyLayerBuilder::spawner`).
+/// .spawner(|handler| {
+///     tokio::spawn(handler);
+/// })
 /// .build();
 /// // axum: Router::new().route("/v1/payments", post(create)).layer(layer)
 /// # let _ = layer;
@@ -179,9 +184,12 @@ impl IdempotencyLayerBuilder {
     /// `.spawner(|f| { tokio::spawn(f); })`. With a spawner, a handler whose client went away
     /// (the response was lost) still finishes, and its response is stored for the retry to
     /// replay. Without one, such a handler is cancelled with its request, and its claim is left in
-    /// progress (a retry gets 409 until the lease runs out, then runs with a takeover), because
-    /// it may already have performed the side effect. Default: none (the layer depends on no
-    /// runtime).
+    /// progress, because it may already have performed the side effect: a retry gets 409 with
+    /// `Retry-After` at the lease's end, then runs as a takeover. Default: none (the layer
+    /// depends on no runtime, so it cannot spawn by itself).
+    ///
+    /// Either way, a client that hangs up before its claim is durable (before any handler ran)
+    /// does not hold the key: the claim is withdrawn and the retry runs at once.
     pub fn spawner(
         mut self,
         spawn: impl Fn(std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>)
