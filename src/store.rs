@@ -514,14 +514,12 @@ impl Store {
     /// back when the lease ends.
     pub(crate) fn holder_gone(&self, key: &IndexKey, fence: u64) {
         let mut stripe = self.inner.index.lock(&key.hash);
-        if let Some(slot) = stripe.get_mut(&key.hash) {
+        if let Some(slot) = stripe.get_mut(&key.hash).filter(|s| s.fence() == fence) {
             if let SlotState::InProgress { lease_until, .. } = slot.state() {
-                if slot.fence() == fence {
-                    slot.set_state(SlotState::InProgress {
-                        lease_until,
-                        orphan: true,
-                    });
-                }
+                slot.set_state(SlotState::InProgress {
+                    lease_until,
+                    orphan: true,
+                });
             }
         }
     }
@@ -606,14 +604,12 @@ impl Store {
     /// Lets claims replay a completion once its batch is fsynced.
     pub(crate) fn mark_durable(&self, key: &IndexKey, fence: u64) {
         let mut stripe = self.inner.index.lock(&key.hash);
-        if let Some(slot) = stripe.get_mut(&key.hash) {
+        if let Some(slot) = stripe.get_mut(&key.hash).filter(|s| s.fence() == fence) {
             if let SlotState::Completed { expires_at, .. } = slot.state() {
-                if slot.fence() == fence {
-                    slot.set_state(SlotState::Completed {
-                        expires_at,
-                        durable: true,
-                    });
-                }
+                slot.set_state(SlotState::Completed {
+                    expires_at,
+                    durable: true,
+                });
             }
         }
         self.inner.watchers.notify(&key.hash);

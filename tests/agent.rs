@@ -7,6 +7,17 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
+/// A store in memory whose clock the test moves, with a 60 s lease.
+fn store_with_manual_clock() -> (ManualClock, Store) {
+    let clock = ManualClock::new();
+    let store = Store::builder()
+        .clock(clock.clone())
+        .lease(Duration::from_secs(60))
+        .in_memory()
+        .unwrap();
+    (clock, store)
+}
+
 fn ok(body: &str) -> Outcome {
     Outcome::Executed {
         result: Ok(body.as_bytes().to_vec()),
@@ -221,12 +232,7 @@ fn a_resumed_agent_replays_its_steps_across_a_restart() {
 
 #[test]
 fn a_tool_that_died_mid_call_is_taken_over_with_a_reconcile_flag() {
-    let clock = ManualClock::new();
-    let store = Store::builder()
-        .clock(clock.clone())
-        .lease(Duration::from_secs(60))
-        .in_memory()
-        .unwrap();
+    let (clock, store) = store_with_manual_clock();
     let gw = Gateway::new(store);
     let key = ToolCallKey::new("task-3", 5, "charge");
     let died = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -318,12 +324,7 @@ fn an_oversize_result_releases_the_key() {
 
 #[test]
 fn an_ambiguous_failure_is_reconciled_not_repeated() {
-    let clock = ManualClock::new();
-    let store = Store::builder()
-        .clock(clock.clone())
-        .lease(Duration::from_secs(60))
-        .in_memory()
-        .unwrap();
+    let (clock, store) = store_with_manual_clock();
     let gw = Gateway::new(store);
     let key = ToolCallKey::new("task-5", 1, "create_incident");
     // The tool server timed out after the request was sent: the incident may exist.
@@ -361,12 +362,7 @@ fn an_ambiguous_failure_is_reconciled_not_repeated() {
 
 #[test]
 fn a_slow_tool_extends_its_lease_and_is_not_taken_over() {
-    let clock = ManualClock::new();
-    let store = Store::builder()
-        .clock(clock.clone())
-        .lease(Duration::from_secs(60))
-        .in_memory()
-        .unwrap();
+    let (clock, store) = store_with_manual_clock();
     let gw = Gateway::new(store);
     let key = ToolCallKey::new("task-6", 1, "long_export");
     let out = gw
@@ -393,12 +389,7 @@ fn a_slow_tool_extends_its_lease_and_is_not_taken_over() {
 /// calls (an HTTP endpoint in the same store) are never offered.
 #[test]
 fn reap_resolves_abandoned_calls_and_a_resolved_call_replays_as_the_tools_result() {
-    let clock = ManualClock::new();
-    let store = Store::builder()
-        .clock(clock.clone())
-        .lease(Duration::from_secs(60))
-        .in_memory()
-        .unwrap();
+    let (clock, store) = store_with_manual_clock();
     let gw = Gateway::new(store.clone());
     let ambiguous =
         |_: &idemdb::agent::ToolContext<'_>| Err(ToolError::Ambiguous("timeout".into()));
