@@ -24,7 +24,7 @@ pub(crate) const FORMAT_KEY: &str = "format_version";
 /// after a reopen start above it.
 pub(crate) const FENCE_KEY: &str = "fence_reserved";
 /// The journal epoch whose entries are not yet checkpointed into this file (see
-/// `journal.rs`). Absent until the store first uses a journal.
+/// `journal/mod.rs`). Absent until the store first uses a journal.
 pub(crate) const JOURNAL_EPOCH_KEY: &str = "journal_epoch";
 
 /// The highest fence a store file may hold: far beyond any real use (2^61 claims at a million a
