@@ -37,6 +37,13 @@ enum Op {
         key: u8,
         variant: bool,
     },
+    /// A `claim_async` future polled once and dropped: the claim is withdrawn.
+    AbandonClaim {
+        tenant: u8,
+        endpoint: u8,
+        key: u8,
+        variant: bool,
+    },
     Complete {
         pick: u8,
         size: u8,
@@ -66,6 +73,19 @@ impl Op {
                 key,
                 variant,
             } => Step::Claim {
+                id: (
+                    usize::from(tenant) % TENANTS.len(),
+                    usize::from(endpoint) % ENDPOINTS.len(),
+                    usize::from(key) % KEYS,
+                ),
+                variant,
+            },
+            Op::AbandonClaim {
+                tenant,
+                endpoint,
+                key,
+                variant,
+            } => Step::AbandonClaim {
                 id: (
                     usize::from(tenant) % TENANTS.len(),
                     usize::from(endpoint) % ENDPOINTS.len(),

@@ -11,11 +11,13 @@
 // Test arithmetic on small counts and millisecond times; the lint guards the on-disk format.
 #![allow(clippy::cast_possible_truncation)]
 
-use idemdb::simulation::{CrashImage, SimDisk};
+use idemdb::simulation::{CrashImage, SimDisk, SplitMix64};
 use idemdb::{
     Claim, EntryState, Error, Fingerprint, ManualClock, Resolution, Response, Scope, Store, Ticket,
 };
 use std::collections::BTreeMap;
+use std::future::Future;
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 pub(crate) const LEASE: Duration = Duration::from_secs(60);
@@ -69,32 +71,53 @@ pub(crate) enum State {
 /// One step of a workload, with its parameters drawn from a seed.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Step {
-    Claim { id: Id, variant: bool },
-    Complete { pick: usize, size: usize },
-    Release { pick: usize },
-    Extend { pick: usize, secs: u64 },
-    Advance { secs: u64 },
+    Claim {
+        id: Id,
+        variant: bool,
+    },
+    /// A claim whose caller went away before it returned: a `claim_async` future polled once
+    /// (its claim queued) and dropped, so the claim is withdrawn.
+    AbandonClaim {
+        id: Id,
+        variant: bool,
+    },
+    Complete {
+        pick: usize,
+        size: usize,
+    },
+    Release {
+        pick: usize,
+    },
+    Extend {
+        pick: usize,
+        secs: u64,
+    },
+    Advance {
+        secs: u64,
+    },
     Purge,
-    Reap { seed: u64 },
-}
-
-fn splitmix(state: &mut u64) -> u64 {
-    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
+    Reap {
+        seed: u64,
+    },
 }
 
 /// A fixed workload of `len` steps drawn from `seed`.
 pub(crate) fn workload(seed: u64, len: usize) -> Vec<Step> {
-    let mut s = seed;
+    let mut rng = SplitMix64::new(seed);
     (0..len)
         .map(|_| {
-            let r = splitmix(&mut s);
+            let r = rng.next_u64();
             let pick = (r >> 16) as usize;
             match r % 100 {
-                0..=39 => Step::Claim {
+                0..=35 => Step::Claim {
+                    id: (
+                        pick % TENANTS.len(),
+                        (pick >> 4) % ENDPOINTS.len(),
+                        (pick >> 8) % KEYS,
+                    ),
+                    variant: (r >> 40).is_multiple_of(10),
+                },
+                36..=39 => Step::AbandonClaim {
                     id: (
                         pick % TENANTS.len(),
                         (pick >> 4) % ENDPOINTS.len(),
@@ -183,10 +206,12 @@ impl Model {
         self.acknowledged += 1;
     }
 
-    /// The call on `id` failed: it may have landed (`after`) or not.
+    /// The call on `id` failed, or was abandoned: it may have landed (`after`) or not.
     fn unsure(&mut self, id: Id, after: State) {
-        let before = self.certain(id);
-        self.keys.insert(id, vec![before, after]);
+        let states = self.keys.entry(id).or_insert_with(|| vec![State::Absent]);
+        if !states.contains(&after) {
+            states.push(after);
+        }
     }
 
     pub(crate) fn builder(&self) -> idemdb::StoreBuilder {
@@ -218,16 +243,7 @@ impl Model {
         match step {
             Step::Claim { id, variant } => {
                 match store.claim(&scope(id), &key(id), fingerprint(variant)) {
-                    Ok(Claim::Acquired(t)) => {
-                        assert!(t.fence() > self.max_fence, "fence reissued");
-                        self.max_fence = t.fence();
-                        let state = State::InProgress {
-                            fence: Some(t.fence()),
-                            lease_until: ms(t.lease_deadline()),
-                        };
-                        self.set(id, state);
-                        self.tickets.push((id, t));
-                    }
+                    Ok(Claim::Acquired(t)) => self.acquired(id, t),
                     Ok(_) => {}
                     Err(e) => {
                         let lease_until = self.now() + LEASE.as_millis() as u64;
@@ -242,6 +258,7 @@ impl Model {
                     }
                 }
             }
+            Step::AbandonClaim { id, variant } => self.abandon_claim(store, id, variant)?,
             Step::Complete { pick, size } => {
                 let Some((id, t)) = self.take_ticket(pick) else {
                     return Ok(());
@@ -329,7 +346,7 @@ impl Model {
                 let mut decided = Vec::new();
                 let result = store.reap(|stale| {
                     let id = id_of(&stale.scope, &stale.key);
-                    let resolution = match splitmix(&mut (seed ^ stale.fence)) % 3 {
+                    let resolution = match SplitMix64::new(seed ^ stale.fence).next_u64() % 3 {
                         0 => Resolution::Release,
                         1 => Resolution::Complete(response(id, stale.fence, 100)),
                         _ => Resolution::Keep,
@@ -365,6 +382,67 @@ impl Model {
             }
         }
         Ok(())
+    }
+
+    /// A `claim_async` future polled once and dropped. If it queued a claim, the claim is
+    /// withdrawn: a fresh one is released behind it (a crash may still find it on disk, an
+    /// orphan with a fence above every acknowledged one, only while no later batch landed); a
+    /// takeover keeps its record, with its lease ended in memory, so the disk holds either the
+    /// claim it took over or the takeover's own record, whose fence `get` tells.
+    fn abandon_claim(&mut self, store: &Store, id: Id, variant: bool) -> Result<(), Error> {
+        let lease_until = self.now() + LEASE.as_millis() as u64;
+        let (scope, key) = (scope(id), key(id));
+        let mut future = Box::pin(store.claim_async(&scope, &key, fingerprint(variant)));
+        match future
+            .as_mut()
+            .poll(&mut Context::from_waker(Waker::noop()))
+        {
+            Poll::Ready(Ok(Claim::Acquired(t))) => {
+                // Durable at once (no journal to wait for): an ordinary claim.
+                self.acquired(id, t);
+            }
+            Poll::Ready(Ok(_)) => {}
+            Poll::Ready(Err(e)) => {
+                self.unsure(
+                    id,
+                    State::InProgress {
+                        fence: None,
+                        lease_until,
+                    },
+                );
+                return Err(e);
+            }
+            Poll::Pending => {
+                drop(future);
+                let takeover = match store.get(&scope, &key) {
+                    Ok(Some(entry)) if entry.fence > self.max_fence => Some(entry.fence),
+                    _ => None,
+                };
+                self.unsure(
+                    id,
+                    State::InProgress {
+                        fence: takeover,
+                        lease_until,
+                    },
+                );
+                if takeover.is_none() {
+                    // The release landed too, and with it the expired record the claim replaced.
+                    self.unsure(id, State::Absent);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn acquired(&mut self, id: Id, t: Ticket) {
+        assert!(t.fence() > self.max_fence, "fence reissued");
+        self.max_fence = t.fence();
+        let state = State::InProgress {
+            fence: Some(t.fence()),
+            lease_until: ms(t.lease_deadline()),
+        };
+        self.set(id, state);
+        self.tickets.push((id, t));
     }
 
     /// Checks a reopened store against what was acknowledged; returns how many keys it checked.
