@@ -370,15 +370,20 @@ impl Writer {
     /// checkpoints everything before them too.
     fn commit(&mut self, db: &Database, ops: &[Op]) -> Result<()> {
         let Some(journal) = &mut self.journal else {
-            return write_batch(db, ops, &mut self.reserved, Commit::Durable { epoch: None });
+            return write_batch(db, ops, &mut self.reserved, Commit::Durable);
         };
         match journal.append(ops)? {
             Appended::Durable => write_batch(db, ops, &mut self.reserved, Commit::Journaled),
             Appended::Full => {
                 let epoch = journal.epoch() + 1;
-                let commit = Commit::Durable { epoch: Some(epoch) };
+                let commit = Commit::Checkpoint {
+                    epoch,
+                    journal_bytes: journal.made(),
+                };
                 write_batch(db, ops, &mut self.reserved, commit)?;
-                journal.restart(epoch);
+                // Acknowledged only once the journal names the new epoch: a store file rolled
+                // back past this checkpoint is then refused at open, not silently older.
+                journal.restart(epoch)?;
                 self.checkpoints.fetch_add(1, Ordering::Relaxed);
                 Ok(())
             }

@@ -14,23 +14,34 @@ pub(crate) const RECORDS: TableDefinition<u64, &[u8]> = TableDefinition::new("re
 /// `expires_at << 64 | fence` -> scoped key. One entry per completed record, in time order, so a
 /// purge reads only what expired.
 pub(crate) const EXPIRY: TableDefinition<u128, &[u8]> = TableDefinition::new("expiry");
-/// Store-wide values: [`FORMAT_KEY`], [`FENCE_KEY`] and [`JOURNAL_EPOCH_KEY`].
+/// Store-wide values: [`FORMAT_KEY`], [`STORE_ID_KEY`], [`FENCE_KEY`], [`JOURNAL_EPOCH_KEY`]
+/// and [`JOURNAL_BYTES_KEY`]. Every one is written when the store is created, and an open that
+/// finds one missing refuses the file: a default could silently skip a journal.
 pub(crate) const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 
-/// The store format this build writes; a file with another is refused.
-pub(crate) const STORE_FORMAT: u64 = 1;
+/// The store format this build writes; a file with another is refused. Format 2 added the
+/// store id and the journal's made size, and the journal's header and entry layout.
+pub(crate) const STORE_FORMAT: u64 = 2;
 pub(crate) const FORMAT_KEY: &str = "format_version";
+/// The store's random id, which its journal carries.
+pub(crate) const STORE_ID_KEY: &str = "store_id";
 /// The fence reservation: no committed record carries a fence above it, and fences issued
 /// after a reopen start above it.
 pub(crate) const FENCE_KEY: &str = "fence_reserved";
 /// The journal epoch whose entries are not yet checkpointed into this file (see
-/// `journal/mod.rs`). Absent until the store first uses a journal.
+/// `journal/mod.rs`); 0 until the store first uses a journal.
 pub(crate) const JOURNAL_EPOCH_KEY: &str = "journal_epoch";
+/// How long the journal file was made; 0 until it is. A shorter journal is refused.
+pub(crate) const JOURNAL_BYTES_KEY: &str = "journal_bytes";
 
 /// The highest fence a store file may hold: far beyond any real use (2^61 claims at a million a
 /// second take 73,000 years), far enough from `u64::MAX` that the counter never wraps, and
 /// below 2^62, so the index packs its state bits above the fence.
 pub(crate) const MAX_FENCE: u64 = 1 << 61;
+
+/// No record takes fewer bytes of the store file than this (its encoded head and scoped key
+/// alone are longer), which bounds how many records a file of a given size can hold.
+const MIN_RECORD_FILE_BYTES: u64 = 32;
 
 /// Fences are reserved on disk in blocks of this many, so most batches need not touch `meta`.
 /// Unit tests use a tiny block so that they cross block boundaries.
@@ -84,9 +95,11 @@ pub(crate) fn expiry_key(expires_at: u64, fence: u64) -> u128 {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Commit {
     /// `Durability::Immediate`: redb writes the pages, then `fsync`s (`fdatasync(2)` on Linux)
-    /// before `commit` returns. With `Some(epoch)`, the journal epoch is raised to it in the same
-    /// transaction: a checkpoint.
-    Durable { epoch: Option<u64> },
+    /// before `commit` returns. For a store without a journal.
+    Durable,
+    /// A durable commit that also raises the journal epoch to `epoch` and records the journal
+    /// file's length: a checkpoint.
+    Checkpoint { epoch: u64, journal_bytes: u64 },
     /// `Durability::None`: visible to readers at once, durable at the next durable commit. Only
     /// for a batch the journal already holds.
     Journaled,
@@ -139,8 +152,14 @@ pub(crate) fn write_batch(
     if raise {
         txn.open_table(META)?.insert(FENCE_KEY, new_reserved)?;
     }
-    if let Commit::Durable { epoch: Some(epoch) } = commit {
-        txn.open_table(META)?.insert(JOURNAL_EPOCH_KEY, epoch)?;
+    if let Commit::Checkpoint {
+        epoch,
+        journal_bytes,
+    } = commit
+    {
+        let mut meta = txn.open_table(META)?;
+        meta.insert(JOURNAL_EPOCH_KEY, epoch)?;
+        meta.insert(JOURNAL_BYTES_KEY, journal_bytes)?;
     }
     txn.commit()?;
     if raise {
@@ -189,37 +208,91 @@ pub(crate) enum Scan {
     Collision,
 }
 
-/// The fence reservation and the journal epoch (0 if none) recorded in the file.
-pub(crate) fn meta(db: &Database) -> Result<(u64, u64)> {
-    let txn = db.begin_read()?;
-    let meta = txn.open_table(META)?;
-    let get = |key| -> Result<u64> { Ok(meta.get(key)?.map_or(0, |v| v.value())) };
-    Ok((get(FENCE_KEY)?, get(JOURNAL_EPOCH_KEY)?))
+/// What the store file's `meta` table holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Meta {
+    pub(crate) store_id: u64,
+    pub(crate) fence_reserved: u64,
+    pub(crate) journal_epoch: u64,
+    pub(crate) journal_bytes: u64,
 }
 
-/// Creates the tables of a new file, or checks the format of an existing one.
-pub(crate) fn initialise(db: &Database) -> Result<()> {
+/// Reads `meta`, refusing a file that lacks any value (or has another format).
+///
+/// # Errors
+/// [`Error::UnsupportedFormat`] for another format version; [`Error::Corrupted`] naming the
+/// meta table when a value is missing.
+pub(crate) fn meta(db: &Database) -> Result<Meta> {
+    let txn = db.begin_read()?;
+    let meta = match txn.open_table(META) {
+        Err(redb::TableError::TableDoesNotExist(_)) => return Err(missing(FORMAT_KEY)),
+        other => other?,
+    };
+    let get = |key| -> Result<u64> {
+        meta.get(key)?
+            .map(|v| v.value())
+            .ok_or_else(|| missing(key))
+    };
+    match get(FORMAT_KEY)? {
+        STORE_FORMAT => {}
+        found => {
+            return Err(Error::UnsupportedFormat {
+                found,
+                supported: STORE_FORMAT,
+            })
+        }
+    }
+    Ok(Meta {
+        store_id: get(STORE_ID_KEY)?,
+        fence_reserved: get(FENCE_KEY)?,
+        journal_epoch: get(JOURNAL_EPOCH_KEY)?,
+        journal_bytes: get(JOURNAL_BYTES_KEY)?,
+    })
+}
+
+fn missing(key: &str) -> Error {
+    Error::Corrupted {
+        damaged: Damaged::Meta,
+        reason: format!(
+            "`{key}` is missing: the file is not an idemdb store, or its meta table is damaged"
+        ),
+    }
+}
+
+/// Initialises a new store in an empty redb file: its tables, and every `meta` value, with a
+/// fresh random store id. Durable when it returns.
+pub(crate) fn create(db: &Database) -> Result<()> {
     let txn = db.begin_write()?;
     {
         let mut meta = txn.open_table(META)?;
-        let found = meta.get(FORMAT_KEY)?.map(|v| v.value());
-        match found {
-            None => {
-                meta.insert(FORMAT_KEY, STORE_FORMAT)?;
-            }
-            Some(STORE_FORMAT) => {}
-            Some(found) => {
-                return Err(Error::UnsupportedFormat {
-                    found,
-                    supported: STORE_FORMAT,
-                })
-            }
+        if meta.get(FORMAT_KEY)?.is_some() {
+            return Err(Error::Corrupted {
+                damaged: Damaged::Meta,
+                reason: "a store being created already holds one".into(),
+            });
         }
+        meta.insert(FORMAT_KEY, STORE_FORMAT)?;
+        meta.insert(STORE_ID_KEY, random_store_id())?;
+        meta.insert(FENCE_KEY, 0)?;
+        meta.insert(JOURNAL_EPOCH_KEY, 0)?;
+        meta.insert(JOURNAL_BYTES_KEY, 0)?;
         txn.open_table(RECORDS)?;
         txn.open_table(EXPIRY)?;
     }
     txn.commit()?;
     Ok(())
+}
+
+/// A random 64-bit id, never 0: std's randomly keyed hasher over the time and the process id.
+fn random_store_id() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    h.write_u128(now);
+    h.write_u32(std::process::id());
+    h.finish().max(1)
 }
 
 fn corrupted(fence: u64, key: &[u8], reason: impl ToString) -> Error {
@@ -281,20 +354,21 @@ fn check_place(fence: u64, key: &[u8], record_fence: u64) -> Result<()> {
 }
 
 /// Reads every record into `index` (which must be empty), verifying each checksum. Every
-/// in-progress record becomes an orphan: its holder was a previous process.
+/// in-progress record becomes an orphan: its holder was a previous process. `reserved` is the
+/// fence reservation `meta` holds; `file_bytes` the store file's size (0 in memory, where no
+/// count is trusted beyond what the scan finds).
 ///
 /// # Errors
 /// [`Error::Corrupted`] naming the first record that fails, because dropping it could repeat a
 /// payment, or naming a key that two records hold.
-pub(crate) fn load(db: &Database, index: &Index) -> Result<Scan> {
+pub(crate) fn load(db: &Database, index: &Index, reserved: u64, file_bytes: u64) -> Result<Scan> {
     let txn = db.begin_read()?;
     let records = txn.open_table(RECORDS)?;
-    let reserved = txn
-        .open_table(META)?
-        .get(FENCE_KEY)?
-        .map_or(0, |v| v.value());
     let count = records.len()?;
-    index.reserve(usize::try_from(count).unwrap_or(0));
+    // The count is read from the file: room is reserved for no more records than its size
+    // could hold, so a damaged count cannot make the open allocate without bound.
+    let plausible = count.min(file_bytes / MIN_RECORD_FILE_BYTES);
+    index.reserve(usize::try_from(plausible).unwrap_or(0));
     let first = records.first()?.map_or(0, |(k, _)| k.value());
     let last = records.last()?.map_or(0, |(k, _)| k.value());
     let parts = if count < PARALLEL_SCAN_MIN {

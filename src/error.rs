@@ -51,6 +51,20 @@ pub enum Error {
         /// What was wrong with it.
         reason: String,
     },
+    /// The journal beside the store file (`<store>-journal`) is not this store's, or not of
+    /// its current life: another store's journal, a journal older than the store file (an old
+    /// copy), or a store file older than its journal (a checkpoint rolled back, or the file
+    /// restored from a backup without its journal). Nothing was replayed or changed.
+    JournalMismatch {
+        /// The store id the journal names.
+        journal_store: u64,
+        /// This store's id.
+        store: u64,
+        /// The epoch the journal names.
+        journal_epoch: u64,
+        /// The epoch the store file names.
+        store_epoch: u64,
+    },
     /// The file was written by an idemdb whose on-disk format this version does not read.
     UnsupportedFormat {
         /// The format version found in the file.
@@ -84,7 +98,10 @@ pub enum Damaged {
         /// could be read.
         key: Option<String>,
     },
-    /// The store file's `meta` table (format version, fence reservation, journal epoch).
+    /// The store file as a whole: empty where a store should be, or not a store file.
+    File,
+    /// The store file's `meta` table (format version, store id, fence reservation, journal
+    /// epoch and size).
     Meta,
     /// The journal beside the store file (`<store>-journal`): an entry, or the file itself.
     Journal,
@@ -114,6 +131,7 @@ impl fmt::Display for Damaged {
                 fence: None,
                 key: None,
             } => write!(f, "a record"),
+            Damaged::File => write!(f, "the store file"),
             Damaged::Meta => write!(f, "the store file's meta table"),
             Damaged::Journal => write!(f, "the journal file"),
             Damaged::Pages => write!(f, "the storage engine's pages"),
@@ -204,6 +222,35 @@ impl fmt::Display for Error {
                 "the store is corrupted in {damaged}: {reason}; restore the store file and its \
                  journal from a backup, or inspect them, before reopening"
             ),
+            Error::JournalMismatch {
+                journal_store,
+                store,
+                journal_epoch,
+                store_epoch,
+            } => {
+                if journal_store != store {
+                    write!(
+                        f,
+                        "the journal beside the store file belongs to store {journal_store:016x}, \
+                         not to this store ({store:016x}): it was not replayed; put this store's \
+                         own journal beside it, or restore both files from one backup"
+                    )
+                } else if journal_epoch > store_epoch {
+                    write!(
+                        f,
+                        "the store file (epoch {store_epoch}) is older than its journal (epoch \
+                         {journal_epoch}): a checkpoint was lost or the file was restored alone, \
+                         and acknowledged writes may be missing; restore both files from one backup"
+                    )
+                } else {
+                    write!(
+                        f,
+                        "the journal (epoch {journal_epoch}) is older than the store file (epoch \
+                         {store_epoch}): it is an old copy and may lack acknowledged writes; put \
+                         the store's current journal beside it"
+                    )
+                }
+            }
             Error::UnsupportedFormat { found, supported } => write!(
                 f,
                 "store file has format version {found}, this build reads version {supported}: \

@@ -27,6 +27,16 @@ pub(crate) fn file(config: Config, path: &Path) -> Result<Store> {
     if !path.try_exists()? {
         create_atomically(path)?;
     }
+    // redb would make an empty file into a new database: a store truncated to nothing must not
+    // quietly become a new, empty one.
+    let file_bytes = std::fs::metadata(path)?.len();
+    if file_bytes == 0 {
+        return Err(Error::Corrupted {
+            damaged: Damaged::File,
+            reason: "the store file is empty; if it never held a store, delete it to create one"
+                .into(),
+        });
+    }
     contain_panics(|| {
         let open = |cache| -> Result<redb::Database> {
             Ok(redb::Builder::new().set_cache_size(cache).create(path)?)
@@ -39,7 +49,7 @@ pub(crate) fn file(config: Config, path: &Path) -> Result<Store> {
             capacity: config.journal_bytes.unwrap_or(DEFAULT_JOURNAL_BYTES),
             open: Box::new(move || journal::file::open(&journal)),
         };
-        start(config, db, Some(&open), Some(source))
+        start(config, db, file_bytes, Some(&open), Some(source))
     })
 }
 
@@ -49,7 +59,8 @@ pub(crate) fn in_memory(config: Config) -> Result<Store> {
         let db = redb::Builder::new()
             .set_cache_size(config.cache_bytes)
             .create_with_backend(redb::backends::InMemoryBackend::new())?;
-        start(config, db, None, None)
+        disk::create(&db)?;
+        start(config, db, 0, None, None)
     })
 }
 
@@ -62,14 +73,18 @@ pub(crate) fn simulated(config: Config, disk: &crate::simulation::SimDisk) -> Re
                 .set_cache_size(cache)
                 .create_with_backend(disk.backend())?)
         };
+        let file_bytes = disk.image().len() as u64;
         let db = open(SCAN_CACHE_BYTES)?;
+        if file_bytes == 0 {
+            disk::create(&db)?;
+        }
         let journal = disk.journal_backend();
         let source = JournalSource {
             existed: !disk.journal_image().is_empty(),
             capacity: config.journal_bytes.unwrap_or(SIMULATED_JOURNAL_BYTES),
             open: Box::new(move || Ok(Box::new(journal) as Box<dyn redb::StorageBackend>)),
         };
-        start(config, db, Some(&open), Some(source))
+        start(config, db, file_bytes, Some(&open), Some(source))
     })
 }
 
@@ -88,22 +103,23 @@ struct JournalSource {
 fn start(
     config: Config,
     db: redb::Database,
+    file_bytes: u64,
     reopen: Option<&dyn Fn(usize) -> Result<redb::Database>>,
     journal: Option<JournalSource>,
 ) -> Result<Store> {
-    disk::initialise(&db)?;
-    let (mut reserved, epoch) = disk::meta(&db)?;
+    let meta = disk::meta(&db)?;
+    let mut reserved = meta.fence_reserved;
     let journal = match journal {
         Some(source) if source.capacity > 0 => {
-            Some(recover_journal(&db, source, epoch, &mut reserved)?)
+            Some(recover_journal(&db, source, &meta, &mut reserved)?)
         }
-        _ if epoch > 0 => {
+        _ if meta.journal_epoch > 0 => {
             // The journal may hold acknowledged batches: it must be read, never skipped.
-            return Err(journal_missing(epoch));
+            return Err(journal_missing(meta.journal_epoch));
         }
         _ => None,
     };
-    let (index, loaded) = load_index(&config, &db)?;
+    let (index, loaded) = load_index(&config, &db, reserved, file_bytes)?;
     let db = match reopen {
         Some(open) => {
             drop(db);
@@ -136,32 +152,42 @@ fn journal_missing(epoch: u64) -> Error {
 fn recover_journal(
     db: &redb::Database,
     source: JournalSource,
-    epoch: u64,
+    meta: &disk::Meta,
     reserved: &mut u64,
 ) -> Result<Journal> {
-    if epoch > 0 && !source.existed {
+    let epoch = meta.journal_epoch;
+    if (epoch > 0 || meta.journal_bytes > 0) && !source.existed {
         return Err(journal_missing(epoch));
     }
     let file = (source.open)()?;
-    let (mut journal, ops) = Journal::open(file, source.capacity, epoch)?;
+    let binding = journal::Binding {
+        store_id: meta.store_id,
+        epoch,
+        made: meta.journal_bytes,
+    };
+    let (mut journal, ops) = Journal::recover(file, binding, source.capacity)?;
     let next = epoch + 1;
-    disk::write_batch(
-        db,
-        &ops,
-        reserved,
-        disk::Commit::Durable { epoch: Some(next) },
-    )?;
-    journal.restart(next);
+    let checkpoint = disk::Commit::Checkpoint {
+        epoch: next,
+        journal_bytes: journal.made(),
+    };
+    disk::write_batch(db, &ops, reserved, checkpoint)?;
+    journal.restart(next)?;
     Ok(journal)
 }
 
 /// Builds the index from the file. Two records whose keys share a 128-bit hash (about 10⁻²⁵ at
 /// ten million keys) make the scan start again with fresh random hash keys.
-fn load_index(config: &Config, db: &redb::Database) -> Result<(Index, disk::Loaded)> {
+fn load_index(
+    config: &Config,
+    db: &redb::Database,
+    reserved: u64,
+    file_bytes: u64,
+) -> Result<(Index, disk::Loaded)> {
     let mut attempts = 0;
     loop {
         let index = Index::new(config.stripes);
-        match disk::load(db, &index)? {
+        match disk::load(db, &index, reserved, file_bytes)? {
             disk::Scan::Loaded(loaded) => return Ok((index, loaded)),
             disk::Scan::Collision if attempts < 3 => attempts += 1,
             disk::Scan::Collision => {
@@ -198,7 +224,7 @@ fn create_atomically(path: &Path) -> Result<()> {
     let tmp = path.with_file_name(name);
     {
         let db = redb::Builder::new().create(&tmp)?;
-        disk::initialise(&db)?;
+        disk::create(&db)?;
     }
     let linked = std::fs::hard_link(&tmp, path);
     std::fs::remove_file(&tmp)?;

@@ -725,10 +725,30 @@ fn creating_a_store_leaves_only_the_store_file_and_its_journal() {
     names.sort();
     let store = f.path.file_name().unwrap().to_str().unwrap();
     assert_eq!(names, [store.to_owned(), format!("{store}-journal")]);
-    // An empty file holds nothing: it is a valid new store.
-    let empty = f.path.with_file_name("empty.idem");
-    std::fs::File::create(&empty).unwrap();
-    drop(Store::open(&empty).unwrap());
+}
+
+/// An empty file where a store should be cannot be told from a store truncated to nothing:
+/// it is refused, and left as it is, never quietly made into a new, empty store (whose first
+/// claims would repeat every payment the lost one held).
+#[test]
+fn an_empty_store_file_is_refused_and_left_as_it_is() {
+    let f = Fixture::new();
+    std::fs::File::create(&f.path).unwrap();
+    match Store::open(&f.path) {
+        Err(Error::Corrupted {
+            damaged: Damaged::File,
+            reason,
+        }) => assert!(reason.contains("empty"), "{reason}"),
+        other => panic!("an empty store file: {other:?}"),
+    }
+    assert_eq!(std::fs::metadata(&f.path).unwrap().len(), 0);
+    assert!(!idemdb_journal(&f.path).exists(), "no journal made");
+}
+
+fn idemdb_journal(store: &std::path::Path) -> PathBuf {
+    let mut name = store.as_os_str().to_owned();
+    name.push("-journal");
+    name.into()
 }
 
 /// Regression: a crash while creating a new store left a half-made redb file at the store's

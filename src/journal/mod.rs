@@ -1,23 +1,40 @@
 //! The journal: an append-only log in front of the redb file. A batch is durable once it is
 //! written at the journal's end and the journal is `fdatasync`ed: one sequential write into a
-//! file whose blocks were allocated and zeroed when it was created, so the sync flushes data
-//! blocks and no file-system metadata. redb then applies the batch without syncing
+//! file whose blocks were allocated and zeroed when it was made, so the sync flushes data blocks
+//! and no file-system metadata. redb then applies the batch without syncing
 //! (`Durability::None`), and readers see it at once.
 //!
 //! A **checkpoint** is a durable redb commit (`fdatasync` of the redb file) that also raises the
-//! journal **epoch** stored in the redb file's `meta` table; from then on every entry of the old
-//! epoch is dead and the journal is written again from offset 0. A batch that does not fit in
-//! what is left of the journal is committed that way, directly into redb.
+//! journal **epoch** stored in the redb file's `meta` table; then the journal's header is
+//! rewritten to name the new epoch (and synced), and entries are written again from the start
+//! of the entry area. A batch that does not fit in what is left of the journal is committed
+//! that way, directly into redb, and acknowledged only once the header names the new epoch.
 //!
-//! On open, the entries of the current epoch are read in order (each must carry the next
-//! sequence number and a good crc32; the first that does not ends the log: a batch torn by a
-//! crash was never acknowledged), applied to redb in one durable commit that also raises the
-//! epoch, and only then is the index built. Every op is idempotent (keyed by fence), so
-//! applying an entry that redb already holds changes nothing.
+//! # Binding a journal to its store
+//! The journal belongs to one store and to one life of it. Its header (two slots, written in
+//! turn, so that a torn write leaves the other intact) holds the store's random 64-bit id and
+//! the epoch the store file named when the header was written; every entry holds the store id,
+//! the epoch and its sequence number, under a CRC-32. On open ([`Journal::recover`]), with `M`
+//! the store file's epoch and `H` the header's:
 //!
-//! Entry: `[magic "IDJ1"][epoch u64][seq u64][payload length u32][crc32 u32][payload]`, all
-//! little-endian; the crc covers the 24 header bytes before it and the payload.
-//! `docs/format.md` lists the payload's op encoding.
+//! - another store's id: refused ([`Error::JournalMismatch`]), never replayed;
+//! - `H > M`: the store file is older than its journal (a checkpoint was rolled back, or the
+//!   file restored from an older backup): refused, with the same error;
+//! - `H < M - 1`: a journal older than the store (an old copy): refused, with the same error;
+//! - `H == M - 1`: a crash between a checkpoint's commit and its header write; the journal
+//!   holds only entries the store file already has;
+//! - `H == M`: the entries of epoch `M` are replayed, in sequence, up to the first that is not
+//!   intact (a torn last entry is how a crash ends a journal).
+//!
+//! Then the rest of the file is searched for any intact entry of this store of epoch `M` or
+//! later, or of another store. Any such entry means damage that ended the replay early (an
+//! invalid entry followed by valid ones) or a store file older than its journal: refused, never
+//! "the end". A journal shorter than the store file says it was made is refused too.
+//!
+//! Layout (`docs/format.md`): header slots at offsets 0 and 512 (separate sectors), entries from
+//! [`ENTRIES_AT`]. Entry: `[magic "IDJ2"][store id u64][epoch u64][seq u64][payload length
+//! u32][crc32 u32][payload]`, little-endian; the crc covers the 32 header bytes before it and
+//! the payload.
 
 pub(crate) mod file;
 
@@ -25,18 +42,44 @@ use crate::disk::{Gone, Op};
 use crate::error::{Damaged, Error, Result};
 use redb::StorageBackend;
 
-const MAGIC: [u8; 4] = *b"IDJ1";
-const HEADER: usize = 28;
-/// Zeroes are written in chunks of this size when a journal file is created.
-const ZERO_CHUNK: usize = 1 << 20;
+const ENTRY_MAGIC: [u8; 4] = *b"IDJ2";
+const ENTRY_HEADER: usize = 36;
+const SLOT_MAGIC: [u8; 4] = *b"IDJH";
+/// The journal layout this build writes and reads.
+const JOURNAL_VERSION: u32 = 2;
+/// `[magic][version u32][store id u64][epoch u64][crc32 u32]`.
+const SLOT_LEN: usize = 28;
+/// The two header slots: epoch `e` is written into slot `e % 2`.
+const SLOTS: [u64; 2] = [0, 512];
+/// Where entries start.
+pub(crate) const ENTRIES_AT: u64 = 1024;
+/// The smallest journal that holds anything: the header and a few small entries.
+pub(crate) const MIN_JOURNAL_BYTES: u64 = 4096;
+/// Zeroes are written, and the file searched, in chunks of this size.
+const CHUNK: usize = 1 << 20;
 
 const PUT: u8 = 1;
 const DELETE: u8 = 2;
 
+/// What the store file says of its journal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Binding {
+    /// The store's random id.
+    pub(crate) store_id: u64,
+    /// The epoch whose entries are not yet checkpointed.
+    pub(crate) epoch: u64,
+    /// How long the journal file was made (0: never made).
+    pub(crate) made: u64,
+}
+
 /// The journal of one store; owned by whoever leads commits.
 pub(crate) struct Journal {
     file: Box<dyn StorageBackend>,
+    store_id: u64,
+    /// Entries end before this.
     capacity: u64,
+    /// The file's length.
+    made: u64,
     epoch: u64,
     /// Where the next entry goes.
     end: u64,
@@ -64,79 +107,299 @@ pub(crate) enum Appended {
     Full,
 }
 
+/// One header slot, as read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Slot {
+    /// Never written (all zeroes).
+    Absent,
+    Valid {
+        store_id: u64,
+        epoch: u64,
+    },
+    /// Neither zeroes nor intact: torn by a crash while it was written, or damaged.
+    Damaged,
+}
+
+fn slot_epoch(slot: Slot) -> u64 {
+    match slot {
+        Slot::Valid { epoch, .. } => epoch,
+        Slot::Absent | Slot::Damaged => 0,
+    }
+}
+
+fn journal_error(reason: String) -> Error {
+    Error::Corrupted {
+        damaged: Damaged::Journal,
+        reason,
+    }
+}
+
+fn le_u64(bytes: &[u8]) -> u64 {
+    u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes"))
+}
+
+fn le_u32(bytes: &[u8]) -> u32 {
+    u32::from_le_bytes(bytes[..4].try_into().expect("4 bytes"))
+}
+
+/// An entry's header fields.
+struct EntryHead {
+    store_id: u64,
+    epoch: u64,
+    seq: u64,
+    len: u32,
+    crc: u32,
+}
+
+impl EntryHead {
+    /// The header at the start of `bytes`, if it carries the entry magic.
+    fn parse(bytes: &[u8]) -> Option<EntryHead> {
+        if bytes.len() < ENTRY_HEADER || bytes[..4] != ENTRY_MAGIC {
+            return None;
+        }
+        Some(EntryHead {
+            store_id: le_u64(&bytes[4..]),
+            epoch: le_u64(&bytes[12..]),
+            seq: le_u64(&bytes[20..]),
+            len: le_u32(&bytes[28..]),
+            crc: le_u32(&bytes[32..]),
+        })
+    }
+}
+
+fn entry_crc(header: &[u8], payload: &[u8]) -> u32 {
+    let mut hasher = crc32fast::Hasher::new();
+    hasher.update(&header[..ENTRY_HEADER - 4]);
+    hasher.update(payload);
+    hasher.finalize()
+}
+
 impl Journal {
-    /// Opens the journal in `file`, first growing it to `capacity` with zeroes (synced) if it is
-    /// shorter, and returns the ops of `epoch`'s entries in order. Epoch 0 never has entries.
+    /// Opens the journal in `file` for a store whose file says `binding`, checks that the
+    /// journal is this store's and of its current life, and returns it with the ops to replay.
+    /// A journal never made is made here: `capacity` bytes of zeroes, synced. A journal shorter
+    /// than `capacity` (a store reopened with a larger journal) is grown the same way; the
+    /// store file must then record [`Journal::made`] in the checkpoint that ends the recovery.
     ///
     /// # Errors
-    /// [`Error::Io`] from the file; [`Error::Corrupted`] for an entry whose crc is good but
-    /// whose ops do not decode (only a bug writes one).
-    pub(crate) fn open(
+    /// [`Error::JournalMismatch`] for another store's journal; [`Error::Corrupted`] for a
+    /// journal shorter than it was made, a damaged header, a journal older or newer than the
+    /// store file, an intact entry after the end of the replayed ones, or an entry whose ops
+    /// do not decode; [`Error::Io`] from the file.
+    pub(crate) fn recover(
         file: Box<dyn StorageBackend>,
+        binding: Binding,
         capacity: u64,
-        epoch: u64,
     ) -> Result<(Journal, Vec<Op>)> {
         let len = file.len()?;
-        if len < capacity {
-            let zeroes = vec![0; ZERO_CHUNK];
-            let mut at = len;
-            while at < capacity {
-                let n = usize::try_from((capacity - at).min(ZERO_CHUNK as u64))
-                    .expect("a chunk fits usize");
-                file.write(at, &zeroes[..n])?;
-                at += n as u64;
-            }
-            file.sync_data()?;
+        if len < binding.made {
+            return Err(journal_error(format!(
+                "the journal is {len} bytes long, but it was made {} bytes long: it was \
+                 truncated, and the acknowledged writes it held may be lost",
+                binding.made
+            )));
         }
         let mut journal = Journal {
             file,
-            capacity,
-            epoch,
-            end: 0,
+            store_id: binding.store_id,
+            capacity: capacity.max(MIN_JOURNAL_BYTES),
+            made: len,
+            epoch: binding.epoch,
+            end: ENTRIES_AT,
             seq: 0,
             buf: Vec::new(),
         };
+        let header = journal.header_epoch(binding.epoch)?;
         let mut ops = Vec::new();
-        if epoch > 0 {
+        if header == binding.epoch {
             while let Some(entry) = journal.read_entry()? {
-                decode_ops(&entry, &mut ops).map_err(|why| Error::Corrupted {
-                    damaged: Damaged::Journal,
-                    reason: format!("entry {} of epoch {epoch}: {why}", journal.seq),
+                decode_ops(&entry, &mut ops).map_err(|why| {
+                    journal_error(format!(
+                        "entry {} of epoch {}: {why}",
+                        journal.seq, journal.epoch
+                    ))
                 })?;
-                journal.end += (HEADER + entry.len()) as u64;
+                journal.end += (ENTRY_HEADER + entry.len()) as u64;
                 journal.seq += 1;
             }
         }
+        journal.refuse_entries_past_the_end()?;
+        if journal.made < journal.capacity {
+            journal.grow()?;
+        }
         Ok((journal, ops))
+    }
+
+    /// The epoch the header names, checked against the store file's `epoch`.
+    fn header_epoch(&self, epoch: u64) -> Result<u64> {
+        let slots = [self.slot(0)?, self.slot(1)?];
+        for slot in slots {
+            if let Slot::Valid { store_id, .. } = slot {
+                if store_id != self.store_id {
+                    return Err(self.mismatch(store_id, slot_epoch(slot)));
+                }
+            }
+        }
+        let newest = slots
+            .iter()
+            .filter_map(|s| match s {
+                Slot::Valid { epoch, .. } => Some(*epoch),
+                _ => None,
+            })
+            .max();
+        let header = match (newest, slots) {
+            (Some(e), _) => e,
+            (None, [Slot::Damaged, Slot::Damaged]) => {
+                return Err(journal_error(
+                    "both header slots are damaged: the journal cannot be tied to this store"
+                        .into(),
+                ))
+            }
+            // Nothing, or a first header torn while it was written: no epoch was started.
+            (None, _) => 0,
+        };
+        if header > epoch || header + 1 < epoch {
+            return Err(self.mismatch(self.store_id, header));
+        }
+        Ok(header)
+    }
+
+    fn slot(&self, i: usize) -> Result<Slot> {
+        let at = SLOTS[i];
+        if self.made < at + SLOT_LEN as u64 {
+            return Ok(Slot::Absent);
+        }
+        let mut b = [0; SLOT_LEN];
+        self.file.read(at, &mut b)?;
+        if b.iter().all(|&x| x == 0) {
+            return Ok(Slot::Absent);
+        }
+        let crc = crc32fast::hash(&b[..SLOT_LEN - 4]);
+        if b[..4] != SLOT_MAGIC || le_u32(&b[SLOT_LEN - 4..]) != crc {
+            return Ok(Slot::Damaged);
+        }
+        let version = le_u32(&b[4..]);
+        if version != JOURNAL_VERSION {
+            return Err(journal_error(format!(
+                "the journal's header says layout version {version}; this build reads \
+                 version {JOURNAL_VERSION}"
+            )));
+        }
+        Ok(Slot::Valid {
+            store_id: le_u64(&b[8..]),
+            epoch: le_u64(&b[16..]),
+        })
+    }
+
+    /// The payload of the entry at `end` if it is the next one of this epoch, intact.
+    fn read_entry(&self) -> Result<Option<Vec<u8>>> {
+        if self.end + ENTRY_HEADER as u64 > self.made.min(self.capacity) {
+            return Ok(None);
+        }
+        let mut header = [0; ENTRY_HEADER];
+        self.file.read(self.end, &mut header)?;
+        let Some(head) = EntryHead::parse(&header) else {
+            return Ok(None);
+        };
+        let payload_end = self.end + ENTRY_HEADER as u64 + u64::from(head.len);
+        if head.store_id != self.store_id
+            || head.epoch != self.epoch
+            || head.seq != self.seq
+            || payload_end > self.made.min(self.capacity)
+        {
+            return Ok(None);
+        }
+        let mut payload = vec![0; usize::try_from(head.len).expect("u32 fits usize")];
+        self.file
+            .read(self.end + ENTRY_HEADER as u64, &mut payload)?;
+        Ok((entry_crc(&header, &payload) == head.crc).then_some(payload))
+    }
+
+    /// Searches the file past the replayed entries for an intact entry that must not be there:
+    /// one of this store of the current epoch or later, or one of another store.
+    fn refuse_entries_past_the_end(&self) -> Result<()> {
+        let mut at = self.end;
+        let mut chunk = Vec::new();
+        while at + ENTRY_HEADER as u64 <= self.made {
+            let n = usize::try_from((self.made - at).min(CHUNK as u64)).expect("a chunk");
+            chunk.resize(n, 0);
+            self.file.read(at, &mut chunk)?;
+            for i in 0..n.saturating_sub(ENTRY_HEADER - 1) {
+                if chunk[i..i + 4] != ENTRY_MAGIC {
+                    continue;
+                }
+                let Some(head) = EntryHead::parse(&chunk[i..]) else {
+                    continue;
+                };
+                let offset = at + i as u64;
+                if head.store_id == self.store_id && head.epoch < self.epoch {
+                    continue; // an older epoch's: dead, and already in the store file
+                }
+                if !self.intact(offset, &head)? {
+                    continue;
+                }
+                return Err(
+                    if head.store_id != self.store_id || head.epoch > self.epoch {
+                        self.mismatch(head.store_id, head.epoch)
+                    } else {
+                        journal_error(format!(
+                            "entry {} of epoch {} at offset {offset} is intact, but the entries \
+                         before it end at offset {} (entry {}): the journal is damaged, and \
+                         acknowledged writes after the damage would be lost",
+                            head.seq, head.epoch, self.end, self.seq
+                        ))
+                    },
+                );
+            }
+            // Overlap by a header, so an entry across the chunk boundary is seen.
+            at += (n as u64).saturating_sub(ENTRY_HEADER as u64 - 1).max(1);
+        }
+        Ok(())
+    }
+
+    fn mismatch(&self, journal_store: u64, journal_epoch: u64) -> Error {
+        Error::JournalMismatch {
+            journal_store,
+            store: self.store_id,
+            journal_epoch,
+            store_epoch: self.epoch,
+        }
+    }
+
+    /// Whether the entry whose header `head` is at `offset` checks out.
+    fn intact(&self, offset: u64, head: &EntryHead) -> Result<bool> {
+        let start = offset + ENTRY_HEADER as u64;
+        if start + u64::from(head.len) > self.made {
+            return Ok(false);
+        }
+        let mut header = [0; ENTRY_HEADER];
+        self.file.read(offset, &mut header)?;
+        let mut payload = vec![0; usize::try_from(head.len).expect("u32 fits usize")];
+        self.file.read(start, &mut payload)?;
+        Ok(entry_crc(&header, &payload) == head.crc)
+    }
+
+    /// Extends the file with zeroes to `capacity` and syncs it.
+    fn grow(&mut self) -> Result<()> {
+        let zeroes = vec![0; CHUNK];
+        let mut at = self.made;
+        while at < self.capacity {
+            let n = usize::try_from((self.capacity - at).min(CHUNK as u64)).expect("a chunk");
+            self.file.write(at, &zeroes[..n])?;
+            at += n as u64;
+        }
+        self.file.sync_data()?;
+        self.made = self.capacity;
+        Ok(())
     }
 
     pub(crate) fn epoch(&self) -> u64 {
         self.epoch
     }
 
-    /// The payload of the entry at `end` if it is the next one of this epoch, intact.
-    fn read_entry(&self) -> Result<Option<Vec<u8>>> {
-        if self.end + HEADER as u64 > self.capacity {
-            return Ok(None);
-        }
-        let mut header = [0; HEADER];
-        self.file.read(self.end, &mut header)?;
-        let field = |at: usize| u64::from_le_bytes(header[at..at + 8].try_into().expect("8"));
-        let len = u32::from_le_bytes(header[20..24].try_into().expect("4"));
-        let crc = u32::from_le_bytes(header[24..28].try_into().expect("4"));
-        if header[..4] != MAGIC
-            || field(4) != self.epoch
-            || field(12) != self.seq
-            || self.end + (HEADER as u64) + u64::from(len) > self.capacity
-        {
-            return Ok(None);
-        }
-        let mut payload = vec![0; usize::try_from(len).expect("u32 fits usize")];
-        self.file.read(self.end + HEADER as u64, &mut payload)?;
-        let mut hasher = crc32fast::Hasher::new();
-        hasher.update(&header[..24]);
-        hasher.update(&payload);
-        Ok((hasher.finalize() == crc).then_some(payload))
+    /// The file's length, which the store file records (it may never shrink below it).
+    pub(crate) fn made(&self) -> u64 {
+        self.made
     }
 
     /// Appends `ops` as one entry and syncs the file.
@@ -145,23 +408,22 @@ impl Journal {
     /// [`Error::Io`] if the write or the sync fails; the batch may or may not be durable then.
     pub(crate) fn append(&mut self, ops: &[Op]) -> Result<Appended> {
         self.buf.clear();
-        self.buf.extend_from_slice(&[0; HEADER]);
+        self.buf.extend_from_slice(&[0; ENTRY_HEADER]);
         encode_ops(ops, &mut self.buf);
         let total = self.buf.len() as u64;
-        let Ok(len) = u32::try_from(self.buf.len() - HEADER) else {
+        let Ok(len) = u32::try_from(self.buf.len() - ENTRY_HEADER) else {
             return Ok(Appended::Full);
         };
         if self.end + total > self.capacity {
             return Ok(Appended::Full);
         }
-        self.buf[..4].copy_from_slice(&MAGIC);
-        self.buf[4..12].copy_from_slice(&self.epoch.to_le_bytes());
-        self.buf[12..20].copy_from_slice(&self.seq.to_le_bytes());
-        self.buf[20..24].copy_from_slice(&len.to_le_bytes());
-        let mut hasher = crc32fast::Hasher::new();
-        hasher.update(&self.buf[..24]);
-        hasher.update(&self.buf[HEADER..]);
-        self.buf[24..28].copy_from_slice(&hasher.finalize().to_le_bytes());
+        self.buf[..4].copy_from_slice(&ENTRY_MAGIC);
+        self.buf[4..12].copy_from_slice(&self.store_id.to_le_bytes());
+        self.buf[12..20].copy_from_slice(&self.epoch.to_le_bytes());
+        self.buf[20..28].copy_from_slice(&self.seq.to_le_bytes());
+        self.buf[28..32].copy_from_slice(&len.to_le_bytes());
+        let crc = entry_crc(&self.buf[..ENTRY_HEADER], &self.buf[ENTRY_HEADER..]);
+        self.buf[32..36].copy_from_slice(&crc.to_le_bytes());
         self.file.write(self.end, &self.buf)?;
         self.file.sync_data()?;
         self.end += total;
@@ -169,17 +431,31 @@ impl Journal {
         Ok(Appended::Durable)
     }
 
-    /// Starts `epoch` at offset 0, once a checkpoint made it the redb file's epoch.
-    pub(crate) fn restart(&mut self, epoch: u64) {
+    /// Starts `epoch`, once a checkpoint made it the store file's epoch: the header slot of
+    /// `epoch` is written and synced, then entries are written from the start of the entry area.
+    ///
+    /// # Errors
+    /// [`Error::Io`] if the write or the sync fails.
+    pub(crate) fn restart(&mut self, epoch: u64) -> Result<()> {
+        let mut slot = [0; SLOT_LEN];
+        slot[..4].copy_from_slice(&SLOT_MAGIC);
+        slot[4..8].copy_from_slice(&JOURNAL_VERSION.to_le_bytes());
+        slot[8..16].copy_from_slice(&self.store_id.to_le_bytes());
+        slot[16..24].copy_from_slice(&epoch.to_le_bytes());
+        let crc = crc32fast::hash(&slot[..SLOT_LEN - 4]);
+        slot[SLOT_LEN - 4..].copy_from_slice(&crc.to_le_bytes());
+        self.file.write(SLOTS[usize::from(epoch % 2 == 1)], &slot)?;
+        self.file.sync_data()?;
         self.epoch = epoch;
-        self.end = 0;
+        self.end = ENTRIES_AT;
         self.seq = 0;
+        Ok(())
     }
 
     /// Bytes written into the current epoch.
     #[cfg(test)]
     pub(crate) fn used(&self) -> u64 {
-        self.end
+        self.end - ENTRIES_AT
     }
 }
 
@@ -343,16 +619,44 @@ mod tests {
         format!("{ops:?}")
     }
 
+    const STORE: u64 = 0x5707_e1d0;
+
+    fn bound(epoch: u64) -> Binding {
+        Binding {
+            store_id: STORE,
+            epoch,
+            made: if epoch == 0 { 0 } else { 4096 },
+        }
+    }
+
+    fn recover(disk: &SimDisk, binding: Binding) -> Result<(Journal, Vec<Op>)> {
+        Journal::recover(Box::new(disk.journal_backend()), binding, 4096)
+    }
+
     fn open(disk: &SimDisk, epoch: u64) -> (Journal, Vec<Op>) {
-        Journal::open(Box::new(disk.journal_backend()), 4096, epoch).unwrap()
+        recover(disk, bound(epoch)).unwrap()
+    }
+
+    /// A new journal started at epoch 1, as the first open of a store leaves it.
+    fn started() -> (SimDisk, Journal) {
+        let disk = SimDisk::new();
+        let (mut j, found) = open(&disk, 0);
+        assert!(found.is_empty());
+        assert_eq!(disk.journal_image().len(), 4096, "made at full size");
+        j.restart(1).unwrap();
+        (disk, j)
+    }
+
+    /// Overwrites journal bytes at `at`, durably.
+    fn scribble(disk: &SimDisk, at: u64, bytes: &[u8]) {
+        let file = disk.journal_backend();
+        file.write(at, bytes).unwrap();
+        file.sync_data().unwrap();
     }
 
     #[test]
     fn entries_of_the_epoch_come_back_in_order() {
-        let disk = SimDisk::new();
-        let (mut j, found) = open(&disk, 1);
-        assert!(found.is_empty());
-        assert_eq!(disk.journal_image().len(), 4096, "created at full size");
+        let (disk, mut j) = started();
         assert_eq!(j.append(&ops(7)).unwrap(), Appended::Durable);
         assert_eq!(j.append(&ops(3)).unwrap(), Appended::Durable);
         disk.crash(CrashImage::Durable);
@@ -362,18 +666,109 @@ mod tests {
         assert_eq!(debug(&found), debug(&expected));
         assert!(
             open(&disk, 2).1.is_empty(),
-            "another epoch's entries are dead"
+            "a checkpoint whose header write was lost: its entries are in the store file"
         );
-        assert!(open(&disk, 0).1.is_empty(), "epoch 0 has no entries");
+    }
+
+    #[test]
+    fn a_journal_of_another_life_is_refused() {
+        let (disk, mut j) = started();
+        j.append(&ops(3)).unwrap();
+        // The store file rolled back to before the journal's epoch.
+        match recover(&disk, bound(0)) {
+            Err(Error::JournalMismatch {
+                journal_epoch: 1,
+                store_epoch: 0,
+                ..
+            }) => {}
+            other => panic!("a store file older than its journal: {other:?}"),
+        }
+        // An old copy of the journal beside a newer store file.
+        match recover(&disk, bound(3)) {
+            Err(Error::JournalMismatch {
+                journal_epoch: 1,
+                store_epoch: 3,
+                ..
+            }) => {}
+            other => panic!("a journal older than its store file: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn another_stores_journal_is_refused_and_nothing_replayed() {
+        let (disk, mut j) = started();
+        j.append(&ops(3)).unwrap();
+        let other = Binding {
+            store_id: STORE + 1,
+            ..bound(1)
+        };
+        match recover(&disk, other) {
+            Err(Error::JournalMismatch {
+                journal_store: STORE,
+                store,
+                ..
+            }) => assert_eq!(store, STORE + 1),
+            other => panic!("a foreign journal: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_truncated_journal_is_refused_not_extended() {
+        let (disk, mut j) = started();
+        j.append(&ops(3)).unwrap();
+        disk.journal_backend().set_len(2000).unwrap();
+        match recover(&disk, bound(1)) {
+            Err(Error::Corrupted {
+                damaged: Damaged::Journal,
+                reason,
+            }) => assert!(reason.contains("truncated"), "{reason}"),
+            other => panic!("a truncated journal: {other:?}"),
+        }
+        assert_eq!(disk.journal_image().len(), 2000, "left as it was found");
+    }
+
+    #[test]
+    fn a_damaged_entry_followed_by_intact_ones_is_refused_not_the_end() {
+        let (disk, mut j) = started();
+        j.append(&ops(4)).unwrap();
+        j.append(&ops(4)).unwrap();
+        j.append(&ops(4)).unwrap();
+        // One byte of the first entry's payload.
+        scribble(&disk, ENTRIES_AT + ENTRY_HEADER as u64 + 9, &[0xee]);
+        match recover(&disk, bound(1)) {
+            Err(Error::Corrupted {
+                damaged: Damaged::Journal,
+                reason,
+            }) => assert!(reason.contains("intact"), "{reason}"),
+            other => panic!("damage before intact entries: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_header_torn_at_its_checkpoint_leaves_the_previous_epoch() {
+        let (disk, mut j) = started();
+        j.append(&ops(2)).unwrap();
+        // The checkpoint to epoch 2 committed, then its header write (slot 0) tore.
+        scribble(&disk, 0, &[0xab; 20]);
+        let (_, found) = open(&disk, 2);
+        assert!(found.is_empty(), "epoch 1's entries are in the store file");
+        // Had epoch 2 entries been written, the header could not have torn: they refuse it.
+        let (mut j, _) = open(&disk, 2);
+        j.restart(2).unwrap();
+        j.append(&ops(2)).unwrap();
+        scribble(&disk, 0, &[0xab; 20]);
+        assert!(matches!(
+            recover(&disk, bound(2)),
+            Err(Error::Corrupted { .. })
+        ));
     }
 
     #[test]
     fn a_restarted_epoch_ignores_the_old_entries_after_its_own() {
-        let disk = SimDisk::new();
-        let (mut j, _) = open(&disk, 1);
+        let (disk, mut j) = started();
         j.append(&ops(20)).unwrap();
         j.append(&ops(20)).unwrap();
-        j.restart(2);
+        j.restart(2).unwrap();
         j.append(&ops(1)).unwrap();
         let (_, found) = open(&disk, 2);
         assert_eq!(debug(&found), debug(&ops(1)));
@@ -382,8 +777,7 @@ mod tests {
     #[test]
     fn a_torn_or_unsynced_entry_ends_the_log() {
         for seed in 0..64 {
-            let disk = SimDisk::new();
-            let (mut j, _) = open(&disk, 1);
+            let (disk, mut j) = started();
             j.append(&ops(5)).unwrap();
             disk.fail_sync_after(0, false);
             assert!(j.append(&ops(40)).is_err());
@@ -403,8 +797,7 @@ mod tests {
 
     #[test]
     fn a_batch_that_does_not_fit_is_refused_whole() {
-        let disk = SimDisk::new();
-        let (mut j, _) = open(&disk, 1);
+        let (disk, mut j) = started();
         let big = vec![Op::Put {
             fence: 1,
             key: Box::new([1]),
