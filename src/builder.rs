@@ -2,7 +2,7 @@
 //! use the defaults.
 
 use crate::clock::Clock;
-use crate::config::{Config, StalePolicy};
+use crate::config::{Config, PageCheck, StalePolicy};
 use crate::error::Result;
 use crate::record::MAX_RESPONSE_LIMIT;
 use crate::store::Store;
@@ -143,6 +143,13 @@ impl StoreBuilder {
     /// are never cached.
     pub fn replay_cache_size(mut self, bytes: usize) -> Self {
         self.config.replay_cache_bytes = bytes;
+        self
+    }
+
+    /// What the open checks of the store file's pages. Default: [`PageCheck::Verify`], every
+    /// page's checksum, so a damaged file is refused rather than followed.
+    pub fn page_check(mut self, check: PageCheck) -> Self {
+        self.config.page_check = check;
         self
     }
 

@@ -153,10 +153,23 @@ impl Pipeline {
         }
     }
 
-    pub(crate) fn db(&self) -> &Database {
+    fn db(&self) -> &Database {
         self.db
             .as_ref()
             .expect("the database lives as long as the pipeline")
+    }
+
+    /// Runs a read of the file. A panic inside redb (it panics on some damaged pages it had not
+    /// read before) becomes [`Error::Corrupted`] for this caller, and the file is leaked rather
+    /// than dropped when the store closes (redb's `Drop` would panic again on its poisoned
+    /// locks).
+    pub(crate) fn read<T>(&self, read: impl FnOnce(&Database) -> Result<T>) -> Result<T> {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| read(self.db()))).unwrap_or_else(
+            |panic| {
+                self.poisoned.store(true, Ordering::Release);
+                Err(crate::error::storage_panic(panic))
+            },
+        )
     }
 
     pub(crate) fn batches(&self) -> u64 {
@@ -381,9 +394,11 @@ impl Writer {
                     journal_bytes: journal.made(),
                 };
                 write_batch(db, ops, &mut self.reserved, commit)?;
-                // Acknowledged only once the journal names the new epoch: a store file rolled
-                // back past this checkpoint is then refused at open, not silently older.
+                // Acknowledged only once the journal names the new epoch, and the store file
+                // knows it: a store file rolled back past this checkpoint, or an old copy of
+                // the journal put beside it, is then refused at open.
                 journal.restart(epoch)?;
+                write_batch(db, &[], &mut self.reserved, Commit::HeaderWritten { epoch })?;
                 self.checkpoints.fetch_add(1, Ordering::Relaxed);
                 Ok(())
             }
@@ -414,7 +429,7 @@ fn flush_loop(pipeline: &Weak<Pipeline>, signal: &FlushSignal) {
 
 impl Drop for Pipeline {
     fn drop(&mut self) {
-        if !self.poisoned.load(Ordering::Acquire) {
+        if !self.poisoned.load(Ordering::Acquire) && !std::thread::panicking() {
             // Ops nobody waits for (a withdrawn claim's release, a completion whose future was
             // dropped) still land when the store is closed cleanly; a failure here changes
             // nothing that was acknowledged.
@@ -423,12 +438,17 @@ impl Drop for Pipeline {
                 let _ = self.lead(&mut s);
             }
         }
-        if self.poisoned.load(Ordering::Acquire) {
-            // redb's own Drop unwraps locks the panic poisoned, and would panic again: leak it
-            // (the process keeps the file open until it exits).
-            std::mem::forget(self.db.take());
-        }
         self.flusher.shut_down();
+        let Some(db) = self.db.take() else { return };
+        if self.poisoned.load(Ordering::Acquire) || std::thread::panicking() {
+            // redb's own Drop unwraps locks a panic inside it poisoned, and would panic again
+            // (while unwinding: an abort): leak it, and the process keeps the file open until it
+            // exits.
+            std::mem::forget(db);
+        } else {
+            // No panic escapes a store's drop.
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(db)));
+        }
     }
 }
 

@@ -21,6 +21,25 @@ pub enum StalePolicy {
     Keep,
 }
 
+/// What the open checks of the store file's pages before it follows them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum PageCheck {
+    /// Every page of the file's trees is read and its checksum verified when the store opens
+    /// (redb's integrity check), and the open is refused with [`crate::Error::Corrupted`] if
+    /// one fails: a damaged file is never followed, so it cannot crash or exhaust the process.
+    /// After a crash redb does this work anyway; after a clean close it is extra (figures in
+    /// `docs/performance.md`). The default.
+    #[default]
+    Verify,
+    /// Pages are trusted after a clean close, as redb does by default: the open reads only
+    /// what idemdb's scan of the records reads (each record's own checksum is still verified).
+    /// Faster to open, but bytes damaged outside idemdb (a disk, a backup tool, a person) may
+    /// make redb panic (contained as `Error::Corrupted`) or, for some damage, allocate far more
+    /// memory than the file holds, or recurse without end. For stores on trusted media.
+    Trust,
+}
+
 /// redb's page cache: enough for the interior pages of a store with tens of millions of
 /// records, which every lookup touches. Leaf pages are read once (at open) or rarely (a replay),
 /// and the operating system's page cache keeps the hot ones anyway.
@@ -39,6 +58,7 @@ pub(crate) struct Config {
     /// `None`: the default for the medium (see `open.rs`).
     pub(crate) journal_bytes: Option<u64>,
     pub(crate) replay_cache_bytes: usize,
+    pub(crate) page_check: PageCheck,
     pub(crate) clock: Arc<dyn Clock>,
 }
 
@@ -54,6 +74,7 @@ impl Default for Config {
             cache_bytes: DEFAULT_CACHE_BYTES,
             journal_bytes: None,
             replay_cache_bytes: 8 << 20,
+            page_check: PageCheck::Verify,
             clock: Arc::new(SystemClock),
         }
     }

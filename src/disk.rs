@@ -33,6 +33,10 @@ pub(crate) const FENCE_KEY: &str = "fence_reserved";
 pub(crate) const JOURNAL_EPOCH_KEY: &str = "journal_epoch";
 /// How long the journal file was made; 0 until it is. A shorter journal is refused.
 pub(crate) const JOURNAL_BYTES_KEY: &str = "journal_bytes";
+/// The epoch whose journal header is known to be written: `journal_epoch`, or one less between
+/// a checkpoint's commit and the commit that records its header write. With it equal, a journal
+/// whose header names an older epoch is an old copy, not a crash.
+pub(crate) const JOURNAL_HEADER_KEY: &str = "journal_header_epoch";
 
 /// The highest fence a store file may hold: far beyond any real use (2^61 claims at a million a
 /// second take 73,000 years), far enough from `u64::MAX` that the counter never wraps, and
@@ -100,6 +104,8 @@ pub(crate) enum Commit {
     /// A durable commit that also raises the journal epoch to `epoch` and records the journal
     /// file's length: a checkpoint.
     Checkpoint { epoch: u64, journal_bytes: u64 },
+    /// A durable commit recording that the journal's header names `epoch` (after a checkpoint).
+    HeaderWritten { epoch: u64 },
     /// `Durability::None`: visible to readers at once, durable at the next durable commit. Only
     /// for a batch the journal already holds.
     Journaled,
@@ -152,14 +158,19 @@ pub(crate) fn write_batch(
     if raise {
         txn.open_table(META)?.insert(FENCE_KEY, new_reserved)?;
     }
-    if let Commit::Checkpoint {
-        epoch,
-        journal_bytes,
-    } = commit
-    {
-        let mut meta = txn.open_table(META)?;
-        meta.insert(JOURNAL_EPOCH_KEY, epoch)?;
-        meta.insert(JOURNAL_BYTES_KEY, journal_bytes)?;
+    match commit {
+        Commit::Checkpoint {
+            epoch,
+            journal_bytes,
+        } => {
+            let mut meta = txn.open_table(META)?;
+            meta.insert(JOURNAL_EPOCH_KEY, epoch)?;
+            meta.insert(JOURNAL_BYTES_KEY, journal_bytes)?;
+        }
+        Commit::HeaderWritten { epoch } => {
+            txn.open_table(META)?.insert(JOURNAL_HEADER_KEY, epoch)?;
+        }
+        Commit::Durable | Commit::Journaled => {}
     }
     txn.commit()?;
     if raise {
@@ -215,6 +226,7 @@ pub(crate) struct Meta {
     pub(crate) fence_reserved: u64,
     pub(crate) journal_epoch: u64,
     pub(crate) journal_bytes: u64,
+    pub(crate) journal_header: u64,
 }
 
 /// Reads `meta`, refusing a file that lacks any value (or has another format).
@@ -242,12 +254,23 @@ pub(crate) fn meta(db: &Database) -> Result<Meta> {
             })
         }
     }
-    Ok(Meta {
+    let meta = Meta {
         store_id: get(STORE_ID_KEY)?,
         fence_reserved: get(FENCE_KEY)?,
         journal_epoch: get(JOURNAL_EPOCH_KEY)?,
         journal_bytes: get(JOURNAL_BYTES_KEY)?,
-    })
+        journal_header: get(JOURNAL_HEADER_KEY)?,
+    };
+    if meta.journal_header > meta.journal_epoch || meta.journal_header + 1 < meta.journal_epoch {
+        return Err(Error::Corrupted {
+            damaged: Damaged::Meta,
+            reason: format!(
+                "the journal header epoch {} does not follow the journal epoch {}",
+                meta.journal_header, meta.journal_epoch
+            ),
+        });
+    }
+    Ok(meta)
 }
 
 fn missing(key: &str) -> Error {
@@ -276,6 +299,7 @@ pub(crate) fn create(db: &Database) -> Result<()> {
         meta.insert(FENCE_KEY, 0)?;
         meta.insert(JOURNAL_EPOCH_KEY, 0)?;
         meta.insert(JOURNAL_BYTES_KEY, 0)?;
+        meta.insert(JOURNAL_HEADER_KEY, 0)?;
         txn.open_table(RECORDS)?;
         txn.open_table(EXPIRY)?;
     }

@@ -70,7 +70,7 @@ mod watch;
 pub use builder::StoreBuilder;
 pub use claim::{Claim, Entry, EntryState, Resolution, StaleClaim, Takeover, Ticket};
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use config::StalePolicy;
+pub use config::{PageCheck, StalePolicy};
 pub use error::{Damaged, Error, InputProblem, Result, StorageError};
 pub use fingerprint::{Fingerprint, FingerprintBuilder};
 pub use record::MAX_RESPONSE_LIMIT;

@@ -79,7 +79,9 @@ impl Store {
         let mut completed = Vec::new();
         // The index holds no keys: each claim's record names it. All are read in one snapshot
         // before any resolver runs (a resolver may change them).
-        let records = disk::read_many(inner.pipeline.db(), stale.iter().map(|(_, s)| s.fence()))?;
+        let records = inner
+            .pipeline
+            .read(|db| disk::read_many(db, stale.iter().map(|(_, s)| s.fence())))?;
         for ((hash, slot), read) in stale.into_iter().zip(records) {
             // Not on disk yet (its commit is still queued): the next reap offers it.
             let Some((bytes, record)) = read else {
@@ -199,7 +201,9 @@ impl Store {
         let mut after = None;
         loop {
             let now = self.now();
-            let due = disk::expired(inner.pipeline.db(), after, now, PURGE_CHUNK)?;
+            let due = inner
+                .pipeline
+                .read(|db| disk::expired(db, after, now, PURGE_CHUNK))?;
             after = due.last().map(|d| disk::expiry_key(d.expires_at, d.fence));
             let mut last = None;
             for d in due.iter() {

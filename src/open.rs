@@ -2,7 +2,7 @@
 //! rebuilding the index from it. `docs/design.md` ("Crash recovery argument") says why this
 //! order makes every acknowledged operation reappear.
 
-use crate::config::Config;
+use crate::config::{Config, PageCheck};
 use crate::disk;
 use crate::error::{Damaged, Error, Result};
 use crate::index::Index;
@@ -38,10 +38,13 @@ pub(crate) fn file(config: Config, path: &Path) -> Result<Store> {
         });
     }
     contain_panics(|| {
-        let open = |cache| -> Result<redb::Database> {
-            Ok(redb::Builder::new().set_cache_size(cache).create(path)?)
+        let open = |cache, check| -> Result<redb::Database> {
+            Ok(redb::Builder::new()
+                .set_cache_size(cache)
+                .set_check_integrity_on_open(check)
+                .create(path)?)
         };
-        let db = open(SCAN_CACHE_BYTES)?;
+        let db = Guarded::new(open(SCAN_CACHE_BYTES, verify(&config))?);
         // Only now, with redb's lock on the store file held, is the journal touched.
         let journal = journal::file::journal_path(path);
         let source = JournalSource {
@@ -56,9 +59,11 @@ pub(crate) fn file(config: Config, path: &Path) -> Result<Store> {
 /// A store held in memory: no journal, every batch a (memory-)durable redb commit.
 pub(crate) fn in_memory(config: Config) -> Result<Store> {
     contain_panics(|| {
-        let db = redb::Builder::new()
-            .set_cache_size(config.cache_bytes)
-            .create_with_backend(redb::backends::InMemoryBackend::new())?;
+        let db = Guarded::new(
+            redb::Builder::new()
+                .set_cache_size(config.cache_bytes)
+                .create_with_backend(redb::backends::InMemoryBackend::new())?,
+        );
         disk::create(&db)?;
         start(config, db, 0, None, None)
     })
@@ -68,13 +73,14 @@ pub(crate) fn in_memory(config: Config) -> Result<Store> {
 #[cfg(any(test, fuzzing, feature = "simulation"))]
 pub(crate) fn simulated(config: Config, disk: &crate::simulation::SimDisk) -> Result<Store> {
     contain_panics(|| {
-        let open = |cache| -> Result<redb::Database> {
+        let open = |cache, check| -> Result<redb::Database> {
             Ok(redb::Builder::new()
                 .set_cache_size(cache)
+                .set_check_integrity_on_open(check)
                 .create_with_backend(disk.backend())?)
         };
         let file_bytes = disk.image().len() as u64;
-        let db = open(SCAN_CACHE_BYTES)?;
+        let db = Guarded::new(open(SCAN_CACHE_BYTES, verify(&config) && file_bytes > 0)?);
         if file_bytes == 0 {
             disk::create(&db)?;
         }
@@ -86,6 +92,44 @@ pub(crate) fn simulated(config: Config, disk: &crate::simulation::SimDisk) -> Re
         };
         start(config, db, file_bytes, Some(&open), Some(source))
     })
+}
+
+/// A database being opened. Dropped as usual, except while a panic unwinds (redb panics on
+/// some damaged pages): then it is leaked, because redb's `Drop` unwraps locks that panic
+/// poisoned, and a second panic during the unwinding would abort the process.
+struct Guarded(Option<redb::Database>);
+
+impl Guarded {
+    fn new(db: redb::Database) -> Guarded {
+        Guarded(Some(db))
+    }
+
+    fn into_inner(mut self) -> redb::Database {
+        self.0.take().expect("held until taken")
+    }
+}
+
+impl std::ops::Deref for Guarded {
+    type Target = redb::Database;
+
+    fn deref(&self) -> &redb::Database {
+        self.0.as_ref().expect("held until taken")
+    }
+}
+
+impl Drop for Guarded {
+    fn drop(&mut self) {
+        if let Some(db) = self.0.take() {
+            if std::thread::panicking() {
+                std::mem::forget(db);
+            }
+        }
+    }
+}
+
+/// Whether redb verifies every page's checksum as it opens the file.
+fn verify(config: &Config) -> bool {
+    config.page_check == PageCheck::Verify
 }
 
 /// How to reach the journal of a store being opened.
@@ -102,9 +146,9 @@ struct JournalSource {
 /// [`SCAN_CACHE_BYTES`]).
 fn start(
     config: Config,
-    db: redb::Database,
+    db: Guarded,
     file_bytes: u64,
-    reopen: Option<&dyn Fn(usize) -> Result<redb::Database>>,
+    reopen: Option<&dyn Fn(usize, bool) -> Result<redb::Database>>,
     journal: Option<JournalSource>,
 ) -> Result<Store> {
     let meta = disk::meta(&db)?;
@@ -123,14 +167,15 @@ fn start(
     let db = match reopen {
         Some(open) => {
             drop(db);
-            open(config.cache_bytes)?
+            // Verified (if at all) by the first open, and closed cleanly since.
+            Guarded::new(open(config.cache_bytes, false)?)
         }
         None => db,
     };
     Ok(Store::assemble(
         config,
         index,
-        db,
+        db.into_inner(),
         loaded.reserved,
         loaded.high_fence,
         journal,
@@ -164,6 +209,7 @@ fn recover_journal(
         store_id: meta.store_id,
         epoch,
         made: meta.journal_bytes,
+        header_written: meta.journal_header == epoch,
     };
     let (mut journal, ops) = Journal::recover(file, binding, source.capacity)?;
     let next = epoch + 1;
@@ -173,6 +219,12 @@ fn recover_journal(
     };
     disk::write_batch(db, &ops, reserved, checkpoint)?;
     journal.restart(next)?;
+    disk::write_batch(
+        db,
+        &[],
+        reserved,
+        disk::Commit::HeaderWritten { epoch: next },
+    )?;
     Ok(journal)
 }
 

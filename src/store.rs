@@ -363,7 +363,7 @@ impl Store {
     fn record_at(&self, key: &IndexKey, fence: u64) -> Result<Option<Record>> {
         let inner = &*self.inner;
         for first in [true, false] {
-            match disk::read_at(inner.pipeline.db(), fence)? {
+            match inner.pipeline.read(|db| disk::read_at(db, fence))? {
                 Some((stored, record)) if stored == key.bytes => return Ok(Some(record)),
                 Some((stored, _)) => {
                     return Err(Error::Corrupted {

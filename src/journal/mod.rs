@@ -20,9 +20,10 @@
 //! - another store's id: refused ([`Error::JournalMismatch`]), never replayed;
 //! - `H > M`: the store file is older than its journal (a checkpoint was rolled back, or the
 //!   file restored from an older backup): refused, with the same error;
-//! - `H < M - 1`: a journal older than the store (an old copy): refused, with the same error;
-//! - `H == M - 1`: a crash between a checkpoint's commit and its header write; the journal
-//!   holds only entries the store file already has;
+//! - `H < M`: a journal older than the store (an old copy): refused, with the same error;
+//!   except `H == M - 1` while the store file has not yet recorded the header write of `M` (a
+//!   commit after it): a crash between a checkpoint's commit and its header write, where the
+//!   journal holds only entries the store file already has;
 //! - `H == M`: the entries of epoch `M` are replayed, in sequence, up to the first that is not
 //!   intact (a torn last entry is how a crash ends a journal).
 //!
@@ -68,6 +69,9 @@ pub(crate) struct Binding {
     pub(crate) store_id: u64,
     /// The epoch whose entries are not yet checkpointed.
     pub(crate) epoch: u64,
+    /// Whether the store file recorded that the journal's header names `epoch` (else a crash
+    /// may have come between the checkpoint's commit and the header write).
+    pub(crate) header_written: bool,
     /// How long the journal file was made (0: never made).
     pub(crate) made: u64,
 }
@@ -209,7 +213,7 @@ impl Journal {
             seq: 0,
             buf: Vec::new(),
         };
-        let header = journal.header_epoch(binding.epoch)?;
+        let header = journal.header_epoch(binding.epoch, binding.header_written)?;
         let mut ops = Vec::new();
         if header == binding.epoch {
             while let Some(entry) = journal.read_entry()? {
@@ -230,8 +234,9 @@ impl Journal {
         Ok((journal, ops))
     }
 
-    /// The epoch the header names, checked against the store file's `epoch`.
-    fn header_epoch(&self, epoch: u64) -> Result<u64> {
+    /// The epoch the header names, checked against the store file's `epoch`: equal, or one
+    /// less unless the store file recorded the header write.
+    fn header_epoch(&self, epoch: u64, header_written: bool) -> Result<u64> {
         let slots = [self.slot(0)?, self.slot(1)?];
         for slot in slots {
             if let Slot::Valid { store_id, .. } = slot {
@@ -258,7 +263,12 @@ impl Journal {
             // Nothing, or a first header torn while it was written: no epoch was started.
             (None, _) => 0,
         };
-        if header > epoch || header + 1 < epoch {
+        let oldest = if header_written {
+            epoch
+        } else {
+            epoch.saturating_sub(1)
+        };
+        if header > epoch || header < oldest {
             return Err(self.mismatch(self.store_id, header));
         }
         Ok(header)
@@ -626,6 +636,15 @@ mod tests {
             store_id: STORE,
             epoch,
             made: if epoch == 0 { 0 } else { 4096 },
+            header_written: true,
+        }
+    }
+
+    /// A store file whose last checkpoint committed `epoch` but had not recorded its header.
+    fn mid_checkpoint(epoch: u64) -> Binding {
+        Binding {
+            header_written: false,
+            ..bound(epoch)
         }
     }
 
@@ -665,9 +684,18 @@ mod tests {
         expected.extend(ops(3));
         assert_eq!(debug(&found), debug(&expected));
         assert!(
-            open(&disk, 2).1.is_empty(),
+            recover(&disk, mid_checkpoint(2)).unwrap().1.is_empty(),
             "a checkpoint whose header write was lost: its entries are in the store file"
         );
+        // Once the store file recorded the header write, the same journal is an old copy.
+        assert!(matches!(
+            recover(&disk, bound(2)),
+            Err(Error::JournalMismatch {
+                journal_epoch: 1,
+                store_epoch: 2,
+                ..
+            })
+        ));
     }
 
     #[test]
@@ -750,15 +778,15 @@ mod tests {
         j.append(&ops(2)).unwrap();
         // The checkpoint to epoch 2 committed, then its header write (slot 0) tore.
         scribble(&disk, 0, &[0xab; 20]);
-        let (_, found) = open(&disk, 2);
+        let (_, found) = recover(&disk, mid_checkpoint(2)).unwrap();
         assert!(found.is_empty(), "epoch 1's entries are in the store file");
         // Had epoch 2 entries been written, the header could not have torn: they refuse it.
-        let (mut j, _) = open(&disk, 2);
+        let (mut j, _) = recover(&disk, mid_checkpoint(2)).unwrap();
         j.restart(2).unwrap();
         j.append(&ops(2)).unwrap();
         scribble(&disk, 0, &[0xab; 20]);
         assert!(matches!(
-            recover(&disk, bound(2)),
+            recover(&disk, mid_checkpoint(2)),
             Err(Error::Corrupted { .. })
         ));
     }
