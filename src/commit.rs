@@ -388,20 +388,22 @@ impl Writer {
         match journal.append(ops)? {
             Appended::Durable => write_batch(db, ops, &mut self.reserved, Commit::Journaled),
             Appended::Full => {
-                let epoch = journal.epoch() + 1;
-                let commit = Commit::Checkpoint {
-                    epoch,
-                    journal_bytes: journal.made(),
-                };
-                write_batch(db, ops, &mut self.reserved, commit)?;
-                // Acknowledged only once the journal names the new epoch, and the store file
-                // knows it: a store file rolled back past this checkpoint, or an old copy of
-                // the journal put beside it, is then refused at open.
-                journal.restart(epoch)?;
-                write_batch(db, &[], &mut self.reserved, Commit::HeaderWritten { epoch })?;
+                journal.checkpoint(db, ops, &mut self.reserved)?;
                 self.checkpoints.fetch_add(1, Ordering::Relaxed);
                 Ok(())
             }
+        }
+    }
+
+    /// At a clean close: a checkpoint, so that the journal holds nothing the store file lacks.
+    /// Damage to the journal's last entry can then no longer pass for a torn write, and the next
+    /// open has nothing to replay.
+    fn close(&mut self, db: &Database) -> Result<()> {
+        match &mut self.journal {
+            Some(journal) if journal.has_entries() => {
+                journal.checkpoint(db, &[], &mut self.reserved)
+            }
+            _ => Ok(()),
         }
     }
 }
@@ -436,6 +438,15 @@ impl Drop for Pipeline {
             let mut s = self.state.lock();
             if !s.queue.is_empty() && s.halted.is_none() && !s.committing {
                 let _ = self.lead(&mut s);
+            }
+            if s.halted.is_none() && !s.committing {
+                if let (Some(writer), Some(db)) = (s.writer.as_mut(), self.db.as_ref()) {
+                    let closed =
+                        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| writer.close(db)));
+                    if closed.is_err() {
+                        self.poisoned.store(true, Ordering::Release);
+                    }
+                }
             }
         }
         self.flusher.shut_down();

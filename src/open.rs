@@ -212,19 +212,7 @@ fn recover_journal(
         header_written: meta.journal_header == epoch,
     };
     let (mut journal, ops) = Journal::recover(file, binding, source.capacity)?;
-    let next = epoch + 1;
-    let checkpoint = disk::Commit::Checkpoint {
-        epoch: next,
-        journal_bytes: journal.made(),
-    };
-    disk::write_batch(db, &ops, reserved, checkpoint)?;
-    journal.restart(next)?;
-    disk::write_batch(
-        db,
-        &[],
-        reserved,
-        disk::Commit::HeaderWritten { epoch: next },
-    )?;
+    journal.checkpoint(db, &ops, reserved)?;
     Ok(journal)
 }
 
@@ -257,9 +245,30 @@ fn load_index(
 /// clean open and panics on some damaged ones (an unknown page type, an out-of-range slice, a
 /// table name that is not UTF-8); found by the `open_file` fuzz target. A damaged file must be
 /// a typed error, never a crash of the service that opens it.
+///
+/// A read past the end of the file during the open, or data the storage engine finds invalid,
+/// is damage too (a file cut short of what its own pages say, a page that lies), and is
+/// reported as such rather than as an I/O error.
 fn contain_panics(open: impl FnOnce() -> Result<Store>) -> Result<Store> {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(open))
-        .unwrap_or_else(|panic| Err(crate::error::storage_panic(panic)))
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(open)) {
+        Err(panic) => Err(crate::error::storage_panic(panic)),
+        Ok(Err(Error::Io(e))) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+            Err(Error::Corrupted {
+                damaged: Damaged::File,
+                reason: format!(
+                    "the store file ends before its own pages say it does: it was truncated, or \
+                     a page pointer is damaged ({e})"
+                ),
+            })
+        }
+        Ok(Err(Error::Io(e))) if e.kind() == std::io::ErrorKind::InvalidData => {
+            Err(Error::Corrupted {
+                damaged: Damaged::Pages,
+                reason: format!("the storage engine found invalid data in the file: {e}"),
+            })
+        }
+        Ok(opened) => opened,
+    }
 }
 
 /// Creates an initialised store file at `path`. The file is built under a temporary name in the

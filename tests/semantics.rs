@@ -804,3 +804,161 @@ fn a_store_refuses_to_open_without_the_journal_its_file_names() {
         Claim::Replay(r) if r.body() == b"paid"
     ));
 }
+
+// 13. Damaged and mismatched files (issue 11): refused with a typed error, never replayed,
+//     never quietly shortened. `tests/damage.rs` sweeps every class; these name each bug.
+
+/// Copies a store's two files while the store is open, as a backup tool or a crash would leave
+/// them: the journal holds writes the store file does not have yet.
+fn live_copy(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::copy(from, to).unwrap();
+    std::fs::copy(idemdb_journal(from), idemdb_journal(to)).unwrap();
+}
+
+/// A store with `n` more completed keys, and a live copy of it at `copy`.
+fn completed_then_copied(f: &Fixture, n: usize, copy: &std::path::Path) -> Store {
+    let store = f.open();
+    let first = usize::try_from(store.stats().live_records).unwrap();
+    for i in first..first + n {
+        let t = acquire(&store, &pay(), &format!("k{i}"), "a");
+        store
+            .complete(t, Response::new(201, format!("paid {i}")))
+            .unwrap();
+    }
+    live_copy(&f.path, copy);
+    store
+}
+
+fn open_copy(f: &Fixture, copy: &std::path::Path) -> idemdb::Result<Store> {
+    Store::builder()
+        .lease(LEASE)
+        .clock(f.clock.clone())
+        .open(copy)
+}
+
+/// Regression: a journal cut short made the open stop at the cut, re-extend the file with
+/// zeroes and carry on, so every completion since the last checkpoint was gone and the next
+/// claim of a completed key was `Acquired`: the payment ran again.
+#[test]
+fn a_truncated_journal_refuses_the_open_instead_of_losing_completions() {
+    let f = Fixture::new();
+    let copy = f.path.with_file_name("copy.idem");
+    let _store = completed_then_copied(&f, 5, &copy);
+    let journal = idemdb_journal(&copy);
+    let len = std::fs::metadata(&journal).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&journal)
+        .unwrap()
+        .set_len(len / 2)
+        .unwrap();
+    match open_copy(&f, &copy) {
+        Err(Error::Corrupted {
+            damaged: Damaged::Journal,
+            reason,
+        }) => assert!(reason.contains("truncated"), "{reason}"),
+        other => panic!("a truncated journal: {other:?}"),
+    }
+    assert_eq!(
+        std::fs::metadata(&journal).unwrap().len(),
+        len / 2,
+        "not re-extended"
+    );
+}
+
+/// Regression: a damaged journal entry ended the replay there, silently dropping every
+/// acknowledged entry after it.
+#[test]
+fn a_damaged_journal_entry_before_intact_ones_refuses_the_open() {
+    let f = Fixture::new();
+    let copy = f.path.with_file_name("copy.idem");
+    let _store = completed_then_copied(&f, 5, &copy);
+    let journal = idemdb_journal(&copy);
+    let mut bytes = std::fs::read(&journal).unwrap();
+    bytes[1024 + 40] ^= 0x20; // inside the first entry (docs/format.md: entries from 1024)
+    std::fs::write(&journal, bytes).unwrap();
+    match open_copy(&f, &copy) {
+        Err(Error::Corrupted {
+            damaged: Damaged::Journal,
+            reason,
+        }) => assert!(reason.contains("intact"), "{reason}"),
+        other => panic!("damage before intact entries: {other:?}"),
+    }
+}
+
+/// Regression: nothing tied a journal to its store, so a store file put beside another store's
+/// journal replayed it, and a key this store only held in progress came back `Replay` with a
+/// response it never stored.
+#[test]
+fn another_stores_journal_is_refused_never_replayed() {
+    let f = Fixture::new();
+    let g = Fixture::new();
+    let mine = f.path.with_file_name("mine.idem");
+    let theirs = g.path.with_file_name("theirs.idem");
+    let _a = completed_then_copied(&f, 3, &mine);
+    let _b = completed_then_copied(&g, 6, &theirs);
+    std::fs::copy(idemdb_journal(&theirs), idemdb_journal(&mine)).unwrap();
+    match open_copy(&f, &mine) {
+        Err(Error::JournalMismatch {
+            journal_store,
+            store,
+            ..
+        }) => assert_ne!(journal_store, store),
+        other => panic!("a foreign journal: {other:?}"),
+    }
+}
+
+/// Regression: a store file restored from an older backup beside its current journal (or
+/// rolled back by redb to its previous commit) is older than the journal; replaying what the
+/// journal holds of a later epoch into it, or skipping it, loses acknowledged writes. Refused.
+#[test]
+fn a_store_file_older_than_its_journal_is_refused() {
+    let f = Fixture::new();
+    let backup = f.path.with_file_name("backup.idem");
+    drop(completed_then_copied(&f, 2, &backup));
+    let old_store = std::fs::read(&f.path).unwrap();
+    // Two more lives: the store file's epoch moves on.
+    let copy = f.path.with_file_name("copy.idem");
+    drop(f.open());
+    let _store = completed_then_copied(&f, 4, &copy);
+    std::fs::write(&copy, old_store).unwrap();
+    match open_copy(&f, &copy) {
+        Err(Error::JournalMismatch {
+            journal_epoch,
+            store_epoch,
+            ..
+        }) => assert!(journal_epoch > store_epoch),
+        other => panic!("a store file older than its journal: {other:?}"),
+    }
+}
+
+/// Regression: a `meta` table that lost `journal_epoch` read as epoch 0, and the journal was
+/// skipped without a word. Every value is required now.
+#[test]
+fn a_meta_table_that_lost_a_value_is_refused_not_defaulted() {
+    for lost in [
+        "journal_epoch",
+        "store_id",
+        "fence_reserved",
+        "journal_bytes",
+    ] {
+        let f = Fixture::new();
+        drop(f.open());
+        {
+            let db = redb::Database::open(&f.path).unwrap();
+            let txn = db.begin_write().unwrap();
+            txn.open_table(redb::TableDefinition::<&str, u64>::new("meta"))
+                .unwrap()
+                .remove(lost)
+                .unwrap();
+            txn.commit().unwrap();
+        }
+        match Store::open(&f.path) {
+            Err(Error::Corrupted {
+                damaged: Damaged::Meta,
+                reason,
+            }) => assert!(reason.contains(lost), "{reason}"),
+            other => panic!("meta without {lost}: {other:?}"),
+        }
+    }
+}

@@ -39,7 +39,7 @@
 
 pub(crate) mod file;
 
-use crate::disk::{Gone, Op};
+use crate::disk::{write_batch, Commit, Gone, Op};
 use crate::error::{Damaged, Error, Result};
 use redb::StorageBackend;
 
@@ -183,7 +183,7 @@ impl Journal {
     /// journal is this store's and of its current life, and returns it with the ops to replay.
     /// A journal never made is made here: `capacity` bytes of zeroes, synced. A journal shorter
     /// than `capacity` (a store reopened with a larger journal) is grown the same way; the
-    /// store file must then record [`Journal::made`] in the checkpoint that ends the recovery.
+    /// store file then records the new length in the checkpoint that ends the recovery.
     ///
     /// # Errors
     /// [`Error::JournalMismatch`] for another store's journal; [`Error::Corrupted`] for a
@@ -403,13 +403,9 @@ impl Journal {
         Ok(())
     }
 
-    pub(crate) fn epoch(&self) -> u64 {
-        self.epoch
-    }
-
-    /// The file's length, which the store file records (it may never shrink below it).
-    pub(crate) fn made(&self) -> u64 {
-        self.made
+    /// Whether any entry was written in the current epoch.
+    pub(crate) fn has_entries(&self) -> bool {
+        self.seq > 0
     }
 
     /// Appends `ops` as one entry and syncs the file.
@@ -460,6 +456,30 @@ impl Journal {
         self.end = ENTRIES_AT;
         self.seq = 0;
         Ok(())
+    }
+
+    /// A checkpoint: commits `ops` durably into the store file with the next epoch (and the
+    /// journal's length), writes and syncs the header naming that epoch, then records the
+    /// header write in a second durable commit. When it returns, every entry written so far is
+    /// dead (the store file holds it) and `ops` are durable. A store file rolled back past this
+    /// checkpoint, or an old copy of the journal put beside it, is refused at the next open.
+    ///
+    /// # Errors
+    /// The commits' and the header write's errors; `ops` may or may not be durable then.
+    pub(crate) fn checkpoint(
+        &mut self,
+        db: &redb::Database,
+        ops: &[Op],
+        reserved: &mut u64,
+    ) -> Result<()> {
+        let epoch = self.epoch + 1;
+        let commit = Commit::Checkpoint {
+            epoch,
+            journal_bytes: self.made,
+        };
+        write_batch(db, ops, reserved, commit)?;
+        self.restart(epoch)?;
+        write_batch(db, &[], reserved, Commit::HeaderWritten { epoch })
     }
 
     /// Bytes written into the current epoch.
