@@ -96,7 +96,9 @@ fn fingerprint(i: u64) -> Fingerprint {
 }
 
 fn response(i: u64) -> Response {
-    let body: Vec<u8> = (0..(i % 7) * 300).map(|b| ((b * 31 + i) % 251) as u8).collect();
+    let body: Vec<u8> = (0..(i % 7) * 300)
+        .map(|b| ((b * 31 + i) % 251) as u8)
+        .collect();
     Response::new(200 + u16::try_from(i % 3).unwrap(), body)
         .with_header("content-type", "application/json")
         .with_header("x-payment", format!("pay_{i}"))

@@ -58,22 +58,29 @@ fn ms(t: SystemTime) -> u64 {
     u64::try_from(t.duration_since(UNIX_EPOCH).unwrap_or_default().as_millis()).unwrap_or(u64::MAX)
 }
 
-/// The valid images the fuzzer starts from, made once per process.
-fn seeds() -> &'static [Vec<u8>] {
-    static SEEDS: OnceLock<Vec<Vec<u8>>> = OnceLock::new();
+/// A store file and its journal.
+type Pair = (Vec<u8>, Vec<u8>);
+
+fn pair(disk: &SimDisk) -> Pair {
+    (disk.image(), disk.journal_image())
+}
+
+/// The valid images the fuzzer starts from, made once per process, each with its journal.
+fn seeds() -> &'static [Pair] {
+    static SEEDS: OnceLock<Vec<Pair>> = OnceLock::new();
     SEEDS.get_or_init(|| {
         let mut out = Vec::new();
         // A new, empty store.
         let disk = SimDisk::new();
         let (_, stop) = run_on(&disk, ManualClock::new(), &[]);
         assert!(matches!(stop, Stop::Done), "{stop:?}");
-        out.push(disk.image());
+        out.push(pair(&disk));
         // Small workloads: in-progress, completed (some over a page), released, reaped records.
         for (seed, len) in [(1, 12), (2, 40), (3, 120)] {
             let disk = SimDisk::new();
             let (_, stop) = run_on(&disk, ManualClock::new(), &workload(seed, len));
             assert!(matches!(stop, Stop::Done), "{stop:?}");
-            out.push(disk.image());
+            out.push(pair(&disk));
         }
         // A file a power loss left mid-commit, torn: redb recovers it on open.
         let created = SimDisk::new();
@@ -85,7 +92,7 @@ fn seeds() -> &'static [Vec<u8>] {
         disk.cut_power_after((dry.events() - created.events()) / 2);
         drop(run_on(&disk, ManualClock::new(), &steps));
         disk.crash(CrashImage::Torn(4));
-        out.push(disk.image());
+        out.push(pair(&disk));
         out
     })
 }
@@ -245,6 +252,10 @@ enum Write {
 enum MetaName {
     Format,
     FenceReserved,
+    StoreId,
+    JournalEpoch,
+    JournalBytes,
+    JournalHeader,
     Other,
 }
 
@@ -253,6 +264,10 @@ impl MetaName {
         match self {
             MetaName::Format => "format_version",
             MetaName::FenceReserved => "fence_reserved",
+            MetaName::StoreId => "store_id",
+            MetaName::JournalEpoch => "journal_epoch",
+            MetaName::JournalBytes => "journal_bytes",
+            MetaName::JournalHeader => "journal_header_epoch",
             MetaName::Other => "something_else",
         }
     }
@@ -734,14 +749,14 @@ fuzz_target!(|data: &[u8]| {
 
 fn one(data: &[u8], input: &Input) {
     let seeds = seeds();
-    let (image, valid) = match &input.source {
+    let ((image, journal), valid) = match &input.source {
         Source::Seed(n) => (seeds[usize::from(*n) % seeds.len()].clone(), true),
-        Source::Raw(bytes) => (bytes[..bytes.len().min(MAX_RAW)].to_vec(), false),
+        Source::Raw(bytes) => ((bytes[..bytes.len().min(MAX_RAW)].to_vec(), Vec::new()), false),
     };
     if debug() {
-        eprintln!("image: {} bytes", image.len());
+        eprintln!("image: {} bytes, journal {} bytes", image.len(), journal.len());
     }
-    let disk = SimDisk::from_image(image);
+    let disk = SimDisk::from_images(image, journal.clone());
     if !input.writes.is_empty() {
         if valid {
             // A valid image: redb must take the writes without panicking.
@@ -760,7 +775,7 @@ fn one(data: &[u8], input: &Input) {
         for edit in edits {
             apply(&mut image, *edit);
         }
-        SimDisk::from_image(image)
+        SimDisk::from_images(image, journal)
     };
     // Well-formed: a seed image, rewritten through redb at most. Only then must a store that
     // closed cleanly reopen and answer as before; damaged bytes may surface only later.

@@ -100,6 +100,17 @@ impl SimDisk {
         disk
     }
 
+    /// A disk holding `store` as the database file and `journal` as its journal, both durable.
+    pub fn from_images(store: Vec<u8>, journal: Vec<u8>) -> SimDisk {
+        let disk = SimDisk::from_image(store);
+        disk.0.lock().files[FileId::Journal as usize] = Image {
+            live: journal.clone(),
+            durable: journal,
+            unsynced: Vec::new(),
+        };
+        disk
+    }
+
     /// A backend for `redb` over the database file.
     pub fn backend(&self) -> SimBackend {
         SimBackend(self.clone(), FileId::Database)
