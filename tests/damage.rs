@@ -32,6 +32,8 @@
 //! children, a few seconds); `.ci/run` runs a deep setting. `IDEMDB_DAMAGE_SEED` changes the
 //! damage drawn. The counts per class are printed.
 
+mod one_test;
+
 use idemdb::simulation::SplitMix64;
 use idemdb::{Claim, Error, Fingerprint, Response, Scope, Store};
 use std::collections::BTreeMap;
@@ -65,19 +67,7 @@ fn main() {
         child(&spec);
         return;
     }
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.iter().any(|a| a == "--list") {
-        println!("{TEST_NAME}: test");
-        return;
-    }
-    let filters: Vec<&String> = args.iter().filter(|a| !a.starts_with('-')).collect();
-    if !filters.is_empty() && !filters.iter().any(|f| TEST_NAME.contains(f.as_str())) {
-        println!("running 0 tests (1 filtered out)");
-        return;
-    }
-    println!("running 1 test");
-    sweep();
-    println!("test {TEST_NAME} ... ok");
+    one_test::run(TEST_NAME, sweep);
 }
 
 // ---------------------------------------------------------------------------------------------

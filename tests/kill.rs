@@ -21,6 +21,8 @@
 //! keeps a copy of the file as each kill left it (before the parent's reopen repairs it). The
 //! summary line goes to stderr, so every run prints it.
 
+mod one_test;
+
 use idemdb::simulation::{mix, SplitMix64};
 use idemdb::{Claim, EntryState, Error, Fingerprint, Response, Scope, Store};
 use std::collections::{BTreeMap, HashMap};
@@ -139,25 +141,12 @@ fn env_u64(name: &str) -> Option<u64> {
 /// The test's name, for `cargo test` filters and `--list`.
 const TEST_NAME: &str = "kill_9_never_loses_an_acknowledged_operation";
 
-/// The child when [`CHILD_ENV`] is set; else the parent, which is the test. Takes what
-/// `cargo test` passes on: a name filter skips the test unless it matches, `--list` lists it.
+/// The child when [`CHILD_ENV`] is set; else the parent, which is the test.
 fn main() {
     if let Some(path) = std::env::var_os(CHILD_ENV) {
         child_main(Path::new(&path));
     }
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.iter().any(|a| a == "--list") {
-        println!("{TEST_NAME}: test");
-        return;
-    }
-    let filters: Vec<&String> = args.iter().filter(|a| !a.starts_with('-')).collect();
-    if !filters.is_empty() && !filters.iter().any(|f| TEST_NAME.contains(f.as_str())) {
-        println!("running 0 tests (1 filtered out)");
-        return;
-    }
-    println!("running 1 test");
-    kill_9_never_loses_an_acknowledged_operation();
-    println!("test {TEST_NAME} ... ok");
+    one_test::run(TEST_NAME, kill_9_never_loses_an_acknowledged_operation);
 }
 
 /// Writes `line` whole to stdout and flushes it: one `write` of a short line into the pipe, so
