@@ -396,8 +396,8 @@ impl Writer {
     }
 
     /// At a clean close: a checkpoint, so that the journal holds nothing the store file lacks.
-    /// Damage to the journal's last entry can then no longer pass for a torn write, and the next
-    /// open has nothing to replay.
+    /// Damage to the journal's last entry (which cannot be told from a crash's torn write) then
+    /// loses nothing, and the next open has nothing to replay.
     fn close(&mut self, db: &Database) -> Result<()> {
         match &mut self.journal {
             Some(journal) if journal.has_entries() => {
