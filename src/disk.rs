@@ -407,7 +407,7 @@ pub(crate) fn load(db: &Database, index: &Index, reserved: u64, file_bytes: u64)
             first + u64::try_from(offset).expect("an offset within the fence range")
         })
         .collect();
-    let scanned: Vec<Result<Option<u64>>> = std::thread::scope(|s| {
+    let scanned: Vec<Result<Option<(u64, u64)>>> = std::thread::scope(|s| {
         let workers: Vec<_> = (0..parts)
             .map(|i| {
                 let (records, start, end) = (&records, bounds[i], bounds.get(i + 1).copied());
@@ -423,11 +423,24 @@ pub(crate) fn load(db: &Database, index: &Index, reserved: u64, file_bytes: u64)
             .collect()
     });
     let mut high_fence = reserved;
+    let mut found = 0;
     for part in scanned {
         match part? {
-            Some(high) => high_fence = high_fence.max(high),
+            Some((high, n)) => {
+                high_fence = high_fence.max(high);
+                found += n;
+            }
             None => return Ok(Scan::Collision),
         }
+    }
+    if found != count {
+        return Err(Error::Corrupted {
+            damaged: Damaged::Pages,
+            reason: format!(
+                "the records table says it holds {count} records, but {found} were found: pages \
+                 of its tree were lost or written over"
+            ),
+        });
     }
     if high_fence > MAX_FENCE {
         return Err(Error::Corrupted {
@@ -458,12 +471,14 @@ fn scan(
     index: &Index,
     start: u64,
     end: Option<u64>,
-) -> Result<Option<u64>> {
+) -> Result<Option<(u64, u64)>> {
     let range = match end {
         Some(end) => records.range(start..end)?,
         None => records.range(start..)?,
     };
     let mut high_fence = 0;
+    let mut scanned = 0;
+    let mut previous: Option<u64> = None;
     // Slots are gathered per stripe and inserted a stripe at a time, so the stripe's table is
     // in the CPU cache while it fills: inserting each record as it is read would touch a random
     // place of the whole index (hundreds of MB at ten million keys) per record.
@@ -471,7 +486,22 @@ fn scan(
     let mut gathered = 0;
     for entry in range {
         let (fence, value) = entry?;
-        let (key, head) = decode_head_at(fence.value(), value.value())?;
+        let fence_value = fence.value();
+        // A tree whose pages were written over one another (trusted, with PageCheck::Trust)
+        // returns fences out of order or out of the range asked for.
+        let in_range = fence_value >= start && end.is_none_or(|end| fence_value < end);
+        if previous.is_some_and(|p| fence_value <= p) || !in_range {
+            return Err(Error::Corrupted {
+                damaged: Damaged::Pages,
+                reason: format!(
+                    "the records tree returns fence {fence_value} after {previous:?}, scanning \
+                     from {start}: its pages are out of order (a page written over another?)"
+                ),
+            });
+        }
+        previous = Some(fence_value);
+        scanned += 1;
+        let (key, head) = decode_head_at(fence_value, value.value())?;
         high_fence = high_fence.max(head.fence);
         if high_fence > MAX_FENCE {
             break;
@@ -489,7 +519,7 @@ fn scan(
     if !insert_pending(records, index, &mut pending)? {
         return Ok(None);
     }
-    Ok(Some(high_fence))
+    Ok(Some((high_fence, scanned)))
 }
 
 /// Records gathered before their slots go into the index.
