@@ -301,9 +301,11 @@ impl Journal {
         })
     }
 
-    /// The payload of the entry at `end` if it is the next one of this epoch, intact.
+    /// The payload of the entry at `end` if it is the next one of this epoch, intact. Entries
+    /// are read to the end of the file, not of `capacity`: a store reopened with a smaller
+    /// journal still replays what the larger one holds.
     fn read_entry(&self) -> Result<Option<Vec<u8>>> {
-        if self.end + ENTRY_HEADER as u64 > self.made.min(self.capacity) {
+        if self.end + ENTRY_HEADER as u64 > self.made {
             return Ok(None);
         }
         let mut header = [0; ENTRY_HEADER];
@@ -315,7 +317,7 @@ impl Journal {
         if head.store_id != self.store_id
             || head.epoch != self.epoch
             || head.seq != self.seq
-            || payload_end > self.made.min(self.capacity)
+            || payload_end > self.made
         {
             return Ok(None);
         }
@@ -809,6 +811,28 @@ mod tests {
             recover(&disk, mid_checkpoint(2)),
             Err(Error::Corrupted { .. })
         ));
+    }
+
+    /// Regression (found in review): entries were read only up to the configured capacity, so
+    /// a store reopened with a smaller journal than the one holding its entries stopped short,
+    /// and the search past the end refused the open.
+    #[test]
+    fn a_smaller_journal_size_still_replays_what_the_larger_journal_holds() {
+        let disk = SimDisk::new();
+        let (mut j, _) =
+            Journal::recover(Box::new(disk.journal_backend()), bound(0), 16384).unwrap();
+        j.restart(1).unwrap();
+        for _ in 0..10 {
+            assert_eq!(j.append(&ops(20)).unwrap(), Appended::Durable);
+        }
+        assert!(j.used() > 4096, "entries past the smaller size");
+        let made = Binding {
+            made: 16384,
+            ..bound(1)
+        };
+        let (_, found) = Journal::recover(Box::new(disk.journal_backend()), made, 4096)
+            .expect("a smaller journal size reads the whole file");
+        assert_eq!(found.len(), 10 * 20);
     }
 
     #[test]
