@@ -33,9 +33,9 @@ pub(crate) const FENCE_KEY: &str = "fence_reserved";
 pub(crate) const JOURNAL_EPOCH_KEY: &str = "journal_epoch";
 /// How long the journal file was made; 0 until it is. A shorter journal is refused.
 pub(crate) const JOURNAL_BYTES_KEY: &str = "journal_bytes";
-/// The epoch whose journal header is known to be written: `journal_epoch`, or one less between
-/// a checkpoint's commit and the commit that records its header write. With it equal, a journal
-/// whose header names an older epoch is an old copy, not a crash.
+/// The last epoch whose journal header write is recorded: `journal_epoch`, or less after a crash
+/// between a checkpoint's commit and the commit that records its header write. A journal whose
+/// header names an older epoch than this is an old copy, not a crash.
 pub(crate) const JOURNAL_HEADER_KEY: &str = "journal_header_epoch";
 
 /// The highest fence a store file may hold: far beyond any real use (2^61 claims at a million a
@@ -261,11 +261,11 @@ pub(crate) fn meta(db: &Database) -> Result<Meta> {
         journal_bytes: get(JOURNAL_BYTES_KEY)?,
         journal_header: get(JOURNAL_HEADER_KEY)?,
     };
-    if meta.journal_header > meta.journal_epoch || meta.journal_header + 1 < meta.journal_epoch {
+    if meta.journal_header > meta.journal_epoch {
         return Err(Error::Corrupted {
             damaged: Damaged::Meta,
             reason: format!(
-                "the journal header epoch {} does not follow the journal epoch {}",
+                "the journal header epoch {} is ahead of the journal epoch {}",
                 meta.journal_header, meta.journal_epoch
             ),
         });

@@ -209,7 +209,7 @@ fn recover_journal(
         store_id: meta.store_id,
         epoch,
         made: meta.journal_bytes,
-        header_written: meta.journal_header == epoch,
+        header_floor: meta.journal_header,
     };
     let (mut journal, ops) = Journal::recover(file, binding, source.capacity)?;
     journal.checkpoint(db, &ops, reserved)?;

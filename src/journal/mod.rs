@@ -20,10 +20,11 @@
 //! - another store's id: refused ([`Error::JournalMismatch`]), never replayed;
 //! - `H > M`: the store file is older than its journal (a checkpoint was rolled back, or the
 //!   file restored from an older backup): refused, with the same error;
-//! - `H < M`: a journal older than the store (an old copy): refused, with the same error;
-//!   except `H == M - 1` while the store file has not yet recorded the header write of `M` (a
-//!   commit after it): a crash between a checkpoint's commit and its header write, where the
-//!   journal holds only entries the store file already has;
+//! - `H < D`, where `D` is the last header write the store file recorded (a commit after each
+//!   header write): a journal older than the store (an old copy), refused with the same error.
+//!   `D ≤ H < M` is a crash between a checkpoint's commit and the record of its header write
+//!   (possibly several in a row): the journal then holds only entries the store file already
+//!   has. A header write never goes to the slot holding `D`, so a torn one leaves it intact;
 //! - `H == M`: the entries of epoch `M` are replayed, in sequence, up to the first that is not
 //!   intact (a torn last entry is how a crash ends a journal).
 //!
@@ -69,9 +70,10 @@ pub(crate) struct Binding {
     pub(crate) store_id: u64,
     /// The epoch whose entries are not yet checkpointed.
     pub(crate) epoch: u64,
-    /// Whether the store file recorded that the journal's header names `epoch` (else a crash
-    /// may have come between the checkpoint's commit and the header write).
-    pub(crate) header_written: bool,
+    /// The last epoch whose header write the store file recorded: the journal's header names
+    /// at least it (a crash between a later checkpoint's commit and that record may leave the
+    /// header anywhere from it up to `epoch`).
+    pub(crate) header_floor: u64,
     /// How long the journal file was made (0: never made).
     pub(crate) made: u64,
 }
@@ -85,6 +87,11 @@ pub(crate) struct Journal {
     /// The file's length.
     made: u64,
     epoch: u64,
+    /// The header slot holding the epoch the store file recorded last: never overwritten
+    /// until a newer header write is recorded, so a crash always leaves it intact.
+    recorded_slot: Option<usize>,
+    /// The slot the last header write went to.
+    written_slot: Option<usize>,
     /// Where the next entry goes.
     end: u64,
     /// The next entry's sequence number within the epoch.
@@ -209,11 +216,13 @@ impl Journal {
             capacity: capacity.max(MIN_JOURNAL_BYTES),
             made: len,
             epoch: binding.epoch,
+            recorded_slot: None,
+            written_slot: None,
             end: ENTRIES_AT,
             seq: 0,
             buf: Vec::new(),
         };
-        let header = journal.header_epoch(binding.epoch, binding.header_written)?;
+        let header = journal.header_epoch(binding.epoch, binding.header_floor)?;
         let mut ops = Vec::new();
         if header == binding.epoch {
             while let Some(entry) = journal.read_entry()? {
@@ -234,9 +243,9 @@ impl Journal {
         Ok((journal, ops))
     }
 
-    /// The epoch the header names, checked against the store file's `epoch`: equal, or one
-    /// less unless the store file recorded the header write.
-    fn header_epoch(&self, epoch: u64, header_written: bool) -> Result<u64> {
+    /// The epoch the header names, checked against the store file's: from `floor` (the last
+    /// header write the store file recorded) up to `epoch`. Notes which slot holds `floor`.
+    fn header_epoch(&mut self, epoch: u64, floor: u64) -> Result<u64> {
         let slots = [self.slot(0)?, self.slot(1)?];
         for slot in slots {
             if let Slot::Valid { store_id, .. } = slot {
@@ -263,13 +272,16 @@ impl Journal {
             // Nothing, or a first header torn while it was written: no epoch was started.
             (None, _) => 0,
         };
-        let oldest = if header_written {
-            epoch
-        } else {
-            epoch.saturating_sub(1)
-        };
-        if header > epoch || header < oldest {
+        if header > epoch || header < floor {
             return Err(self.mismatch(self.store_id, header));
+        }
+        self.recorded_slot = slots
+            .iter()
+            .position(|s| matches!(s, Slot::Valid { epoch, .. } if *epoch == floor));
+        if floor > 0 && self.recorded_slot.is_none() {
+            return Err(journal_error(format!(
+                "the header slot of epoch {floor}, which the store file recorded, is damaged"
+            )));
         }
         Ok(header)
     }
@@ -452,8 +464,14 @@ impl Journal {
         slot[16..24].copy_from_slice(&epoch.to_le_bytes());
         let crc = crc32fast::hash(&slot[..SLOT_LEN - 4]);
         slot[SLOT_LEN - 4..].copy_from_slice(&crc.to_le_bytes());
-        self.file.write(SLOTS[usize::from(epoch % 2 == 1)], &slot)?;
+        // Never the slot of the recorded epoch: a torn write here must leave it intact.
+        let i = match self.recorded_slot {
+            Some(recorded) => 1 - recorded,
+            None => usize::from(epoch % 2 == 1),
+        };
+        self.file.write(SLOTS[i], &slot)?;
         self.file.sync_data()?;
+        self.written_slot = Some(i);
         self.epoch = epoch;
         self.end = ENTRIES_AT;
         self.seq = 0;
@@ -481,7 +499,9 @@ impl Journal {
         };
         write_batch(db, ops, reserved, commit)?;
         self.restart(epoch)?;
-        write_batch(db, &[], reserved, Commit::HeaderWritten { epoch })
+        write_batch(db, &[], reserved, Commit::HeaderWritten { epoch })?;
+        self.recorded_slot = self.written_slot;
+        Ok(())
     }
 
     /// Bytes written into the current epoch.
@@ -658,14 +678,14 @@ mod tests {
             store_id: STORE,
             epoch,
             made: if epoch == 0 { 0 } else { 4096 },
-            header_written: true,
+            header_floor: epoch,
         }
     }
 
     /// A store file whose last checkpoint committed `epoch` but had not recorded its header.
     fn mid_checkpoint(epoch: u64) -> Binding {
         Binding {
-            header_written: false,
+            header_floor: epoch - 1,
             ..bound(epoch)
         }
     }
@@ -833,6 +853,33 @@ mod tests {
         let (_, found) = Journal::recover(Box::new(disk.journal_backend()), made, 4096)
             .expect("a smaller journal size reads the whole file");
         assert_eq!(found.len(), 10 * 20);
+    }
+
+    /// Regression (found by the `crash_recovery` fuzz target): two checkpoints in a row whose
+    /// header write was never recorded (each crashed after its commit) left the store file two
+    /// epochs ahead of its last recorded header, and the open refused a journal that held
+    /// nothing it lacked; with headers written by parity, the second write could even tear the
+    /// slot of the recorded epoch. Header writes now avoid that slot, and any header from the
+    /// recorded epoch up to the store file's is accepted.
+    #[test]
+    fn checkpoints_that_crashed_before_recording_their_header_leave_an_openable_journal() {
+        let (disk, mut j) = started();
+        j.append(&ops(3)).unwrap();
+        let floor = |epoch, floor| Binding {
+            header_floor: floor,
+            ..bound(epoch)
+        };
+        let (mut j, _) = recover(&disk, floor(1, 1)).unwrap();
+        for epoch in [2, 3, 4] {
+            // The checkpoint to `epoch` committed; its header write tore.
+            j.restart(epoch).unwrap();
+            let torn = if j.written_slot == Some(0) { 0 } else { 512 };
+            scribble(&disk, torn, &[0x5a; 20]);
+            let (reopened, found) =
+                recover(&disk, floor(epoch, 1)).unwrap_or_else(|e| panic!("epoch {epoch}: {e}"));
+            assert!(found.is_empty(), "epoch 1's entries are in the store file");
+            j = reopened;
+        }
     }
 
     #[test]
