@@ -91,9 +91,7 @@ impl Ticket {
     pub fn lease_deadline(&self) -> SystemTime {
         crate::clock::from_millis(self.lease_until.load(Ordering::Relaxed))
     }
-}
 
-impl Ticket {
     /// Marks the ticket spent: its claim was completed or released through it.
     pub(crate) fn spend(&mut self) {
         self.store = Weak::new();
