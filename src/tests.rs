@@ -306,6 +306,36 @@ fn a_panic_inside_a_commit_fails_the_call_and_halts_the_store() {
     ));
 }
 
+/// A panic inside redb while a claim reads a record (redb panics on some damaged pages it had
+/// not read before) reaches the caller as `Corrupted`, never as a panic, and the store that saw
+/// it closes without a second panic (its file is leaked, not dropped).
+#[test]
+fn a_panic_inside_a_read_is_a_corrupted_error_not_a_panic() {
+    let disk = SimDisk::new();
+    {
+        let store = open(&disk);
+        let ticket = acquire(&store, "k1");
+        store.complete(ticket, Response::new(200, "paid")).unwrap();
+    }
+    // No cache of any kind: the replay must read the record from the file.
+    let store = StoreBuilder::default()
+        .cache_size(0)
+        .replay_cache_size(0)
+        .open_simulated(&disk)
+        .unwrap();
+    disk.panic_on_read();
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        store.claim(&scope(), "k1", fp())
+    }));
+    match result {
+        Ok(Err(Error::Corrupted { reason, .. })) => assert!(reason.contains("panic"), "{reason}"),
+        Ok(other) => panic!("expected Err(Corrupted), got {other:?}"),
+        Err(_) => panic!("a panic inside redb escaped the claim"),
+    }
+    let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(store)));
+    assert!(dropped.is_ok(), "no panic escapes the store's drop");
+}
+
 /// The open splits the file into fence ranges scanned by one thread each (unit tests lower the
 /// threshold to four records): every record must land in the index exactly once, in its state,
 /// and the fence counter must resume above all of them.

@@ -45,6 +45,8 @@ enum Fault {
     Sync { nth: u64, forever: bool },
     /// The write numbered `nth` panics, as redb does on some damaged pages.
     PanicWrite { nth: u64 },
+    /// Every read of the store file panics, as redb does on some damaged pages it reads.
+    PanicRead,
 }
 
 #[derive(Debug, Clone)]
@@ -174,6 +176,12 @@ impl SimDisk {
         };
     }
 
+    /// Panics in every read of the store file from now (not of the journal), standing in for
+    /// a storage engine that panics on a damaged page it reads.
+    pub fn panic_on_read(&self) {
+        self.0.lock().fault = Fault::PanicRead;
+    }
+
     /// Fails the sync `more` syncs from now; with `forever`, every sync after it too.
     pub fn fail_sync_after(&self, more: u64, forever: bool) {
         let mut d = self.0.lock();
@@ -283,6 +291,10 @@ impl StorageBackend for SimBackend {
         let d = self.0 .0.lock();
         if matches!(d.fault, Fault::PowerCut { at } if d.events >= at) {
             return Err(power_is_off());
+        }
+        if d.fault == Fault::PanicRead && self.1 == FileId::Database {
+            drop(d);
+            panic!("simulated storage engine panic on a read");
         }
         let start = offset(at)?;
         let src = start
