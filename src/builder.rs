@@ -25,6 +25,16 @@ impl Store {
         StoreBuilder::default()
     }
 
+    /// Connects to the PostgreSQL database at `url` with the default settings. See
+    /// [`StoreBuilder::connect`].
+    ///
+    /// # Errors
+    /// As [`StoreBuilder::connect`].
+    #[cfg(feature = "postgres")]
+    pub fn connect(url: &str) -> Result<Store> {
+        StoreBuilder::default().connect(url)
+    }
+
     /// A store in memory with the default settings, for users' own tests.
     ///
     /// # Errors
@@ -159,7 +169,67 @@ impl StoreBuilder {
     /// [`crate::ManualClock`].
     pub fn clock(mut self, clock: impl Clock) -> Self {
         self.config.clock = Arc::new(clock);
+        self.config.clock_injected = true;
         self
+    }
+
+    /// PostgreSQL: the schema that holds the store's tables, so that several independent
+    /// stores share one database. Default: `idemdb`. Created on connect if missing.
+    /// File stores ignore it.
+    ///
+    /// # Panics
+    /// If `name` is not 1 to 63 lower-case ASCII letters, digits and `_`, not starting with a
+    /// digit (a name that needs no quoting wherever an operator types it).
+    #[cfg(feature = "postgres")]
+    pub fn schema(mut self, name: impl Into<String>) -> Self {
+        let name = name.into();
+        if let Err(why) = crate::postgres::check_schema_name(&name) {
+            panic!("{why}");
+        }
+        self.config.schema = name;
+        self
+    }
+
+    /// PostgreSQL: a stable name for this replica (its host name, or a pod name of a
+    /// stateful set). A replica that restarts under the same name sees the claims its earlier
+    /// run left as orphans at once: [`Store::reap`] offers them straight away. Other replicas
+    /// see them in progress until their leases end. Default: a random name per connect, so
+    /// a restarted replica's leftovers wait for their leases. File stores ignore it.
+    #[cfg(feature = "postgres")]
+    pub fn owner(mut self, name: impl Into<String>) -> Self {
+        self.config.owner = Some(name.into());
+        self
+    }
+
+    /// PostgreSQL: the most connections the store opens. Default: 4. Each runs one batch of
+    /// operations at a time; while all are busy, waiting operations gather into the next
+    /// batches. File stores ignore it.
+    ///
+    /// # Panics
+    /// If `connections` is zero.
+    #[cfg(feature = "postgres")]
+    pub fn pool_size(mut self, connections: usize) -> Self {
+        assert!(connections > 0, "pool_size must be positive");
+        self.config.pool_size = connections;
+        self
+    }
+
+    /// Connects to the PostgreSQL database at `url` (a libpq connection string: a
+    /// `postgres://` URL or `key=value` pairs, several hosts with
+    /// `target_session_attrs=read-write` included), creating or checking the store's schema.
+    /// The store's sessions commit with `synchronous_commit = on` (or the server's
+    /// `remote_apply`). The options that only mean something for a file (`cache_size`,
+    /// `journal_size`, `replay_cache_size`, `page_check`, `stripes`) are ignored. Connections
+    /// are not encrypted (TLS is not supported yet): use it on a trusted network or a local
+    /// socket. See `docs/postgres.md`.
+    ///
+    /// # Errors
+    /// [`crate::Error::Database`] for a bad connection string, an unreachable server, a
+    /// refused login or missing permissions, or a server running with `fsync = off`;
+    /// [`crate::Error::UnsupportedFormat`] for a schema a newer idemdb made.
+    #[cfg(feature = "postgres")]
+    pub fn connect(self, url: &str) -> Result<Store> {
+        crate::postgres::connect(self.config, url).map(Store::postgres)
     }
 
     /// Opens the store at `path`, creating it (and fsyncing its directory) if it does not exist,
@@ -171,7 +241,7 @@ impl StoreBuilder {
     /// [`crate::Error::UnsupportedFormat`] for a file of another format version;
     /// [`crate::Error::Io`] for the operating system's errors.
     pub fn open(self, path: impl AsRef<Path>) -> Result<Store> {
-        crate::open::file(self.config, path.as_ref())
+        crate::file::open::file(self.config, path.as_ref()).map(Store::file)
     }
 
     /// A store held in memory only, for tests: same semantics, nothing survives the process.
@@ -179,7 +249,7 @@ impl StoreBuilder {
     /// # Errors
     /// Only if the storage engine fails to initialise, which it does not in memory.
     pub fn in_memory(self) -> Result<Store> {
-        crate::open::in_memory(self.config)
+        crate::file::open::in_memory(self.config).map(Store::file)
     }
 
     /// Opens the store on a simulated disk. For idemdb's own crash tests and fuzzing only:
@@ -190,6 +260,6 @@ impl StoreBuilder {
     #[cfg(any(test, fuzzing, feature = "simulation"))]
     #[doc(hidden)]
     pub fn open_simulated(self, disk: &crate::simulation::SimDisk) -> Result<Store> {
-        crate::open::simulated(self.config, disk)
+        crate::file::open::simulated(self.config, disk).map(Store::file)
     }
 }

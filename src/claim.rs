@@ -1,9 +1,8 @@
 //! What a claim returns, and the ticket that proves a claim is held.
 
+use crate::file::index::IndexKey;
 use crate::fingerprint::Fingerprint;
-use crate::index::IndexKey;
 use crate::response::Response;
-use crate::store::Inner;
 use crate::sync::{AtomicU64, Ordering, Weak};
 use std::time::{Duration, SystemTime};
 
@@ -57,9 +56,9 @@ pub enum Claim {
 /// rather than after the usual short hint, since nobody is left to finish it.
 #[must_use = "dropping a ticket leaves the key in progress until its lease runs out"]
 pub struct Ticket {
-    /// The store that issued it; empty once the ticket was spent (completed or released), so
-    /// that its drop does nothing.
-    pub(crate) store: Weak<Inner>,
+    /// The engine that issued it; [`Holder::Spent`] once the ticket was spent (completed or
+    /// released), so that its drop does nothing.
+    pub(crate) holder: Holder,
     pub(crate) key: IndexKey,
     pub(crate) fence: u64,
     pub(crate) fingerprint: Fingerprint,
@@ -94,14 +93,34 @@ impl Ticket {
 
     /// Marks the ticket spent: its claim was completed or released through it.
     pub(crate) fn spend(&mut self) {
-        self.store = Weak::new();
+        self.holder = Holder::Spent;
     }
+}
+
+/// Which engine issued a ticket, held weakly: a ticket outliving its store does nothing.
+pub(crate) enum Holder {
+    /// Completed or released through this ticket.
+    Spent,
+    File(Weak<crate::file::store::Inner>),
+    #[cfg(feature = "postgres")]
+    Postgres(Weak<crate::postgres::Shared>),
 }
 
 impl Drop for Ticket {
     fn drop(&mut self) {
-        if let Some(inner) = self.store.upgrade() {
-            crate::store::Store { inner }.holder_gone(&self.key, self.fence);
+        match std::mem::replace(&mut self.holder, Holder::Spent) {
+            Holder::Spent => {}
+            Holder::File(store) => {
+                if let Some(inner) = store.upgrade() {
+                    crate::file::FileStore { inner }.holder_gone(&self.key, self.fence);
+                }
+            }
+            #[cfg(feature = "postgres")]
+            Holder::Postgres(shared) => {
+                if let Some(shared) = shared.upgrade() {
+                    shared.holder_gone(&self.key.bytes, self.fence);
+                }
+            }
         }
     }
 }

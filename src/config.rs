@@ -60,6 +60,18 @@ pub(crate) struct Config {
     pub(crate) replay_cache_bytes: usize,
     pub(crate) page_check: PageCheck,
     pub(crate) clock: Arc<dyn Clock>,
+    /// Whether [`crate::StoreBuilder::clock`] set `clock` (on PostgreSQL only an injected
+    /// clock's movement counts, see `docs/postgres.md`).
+    pub(crate) clock_injected: bool,
+    /// PostgreSQL: the schema holding the store's tables.
+    #[cfg(feature = "postgres")]
+    pub(crate) schema: String,
+    /// PostgreSQL: this replica's stable name; `None` for a random one.
+    #[cfg(feature = "postgres")]
+    pub(crate) owner: Option<String>,
+    /// PostgreSQL: the most connections the store opens.
+    #[cfg(feature = "postgres")]
+    pub(crate) pool_size: usize,
 }
 
 impl Default for Config {
@@ -76,6 +88,14 @@ impl Default for Config {
             replay_cache_bytes: 8 << 20,
             page_check: PageCheck::Verify,
             clock: Arc::new(SystemClock),
+            clock_injected: false,
+            #[cfg(feature = "postgres")]
+            schema: String::from("idemdb"),
+            #[cfg(feature = "postgres")]
+            owner: None,
+            // Enough to keep a few batches in flight while others commit.
+            #[cfg(feature = "postgres")]
+            pool_size: 4,
         }
     }
 }

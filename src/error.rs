@@ -65,7 +65,8 @@ pub enum Error {
         /// The epoch the store file names.
         store_epoch: u64,
     },
-    /// The file was written by an idemdb whose on-disk format this version does not read.
+    /// The file (or the PostgreSQL schema) was written by an idemdb whose format this version
+    /// does not read.
     UnsupportedFormat {
         /// The format version found in the file.
         found: u64,
@@ -84,6 +85,21 @@ pub enum Error {
     Io(std::io::Error),
     /// An error from the storage engine (redb) that is not a plain I/O error.
     Storage(StorageError),
+    /// The PostgreSQL database refused or failed the operation, or could not be reached (a bad
+    /// connection string, a refused login, missing permissions, a lost connection, a
+    /// failover). Retry later; the HTTP layer answers 503 with `Retry-After`.
+    ///
+    /// A claim that fails this way was not received: if its statement committed before the
+    /// connection was lost, the key stays in progress until its lease ends, and
+    /// [`crate::Store::reap`] on a replica with the same owner offers it at once after a
+    /// restart. No side effect ever runs on a claim the caller did not receive.
+    Database {
+        /// The server's SQLSTATE code (`"42501"`: insufficient privilege, `"28P01"`: wrong
+        /// password, ...), when the server answered.
+        sqlstate: Option<String>,
+        /// What went wrong.
+        reason: String,
+    },
 }
 
 /// The part of a store that [`Error::Corrupted`] found damaged.
@@ -253,8 +269,8 @@ impl fmt::Display for Error {
             }
             Error::UnsupportedFormat { found, supported } => write!(
                 f,
-                "store file has format version {found}, this build reads version {supported}: \
-                 open it with a matching idemdb version"
+                "store (file format or PostgreSQL schema) has version {found}, this build \
+                 reads version {supported}: use a matching idemdb version"
             ),
             Error::AlreadyOpen => write!(
                 f,
@@ -268,6 +284,17 @@ impl fmt::Display for Error {
             ),
             Error::Io(e) => write!(f, "I/O error: {e}; check the disk and reopen the store"),
             Error::Storage(e) => write!(f, "storage engine error: {e}"),
+            Error::Database {
+                sqlstate: Some(code),
+                reason,
+            } => write!(f, "database error (SQLSTATE {code}): {reason}"),
+            Error::Database {
+                sqlstate: None,
+                reason,
+            } => write!(
+                f,
+                "database error: {reason}; retry when the database is reachable"
+            ),
         }
     }
 }

@@ -36,22 +36,17 @@
 #![warn(clippy::print_stdout, clippy::print_stderr)]
 
 pub mod agent;
-mod asynchronous;
 mod builder;
 mod claim;
 mod clock;
-mod commit;
 mod config;
-mod disk;
 mod error;
+mod file;
 mod fingerprint;
 #[cfg(feature = "http")]
 pub mod http;
-mod index;
-mod journal;
-mod maintenance;
-mod open;
-mod platform;
+#[cfg(feature = "postgres")]
+mod postgres;
 mod record;
 mod replay_cache;
 mod response;
@@ -65,7 +60,6 @@ mod sync;
 #[cfg(test)]
 mod tests;
 mod timer;
-mod watch;
 
 pub use builder::StoreBuilder;
 pub use claim::{Claim, Entry, EntryState, Resolution, StaleClaim, Takeover, Ticket};

@@ -173,14 +173,18 @@ fn concurrent_claims_share_commits() {
 /// forever in `claim`, looking again and again. It must report corruption instead.
 #[test]
 fn replay_of_a_record_missing_from_the_file_is_corruption_not_a_hang() {
-    use crate::index::{Slot, SlotState};
+    use crate::file::index::{Slot, SlotState};
     let store = Store::in_memory().unwrap();
-    let key = store
+    #[allow(irrefutable_let_patterns)]
+    let crate::store::Engine::File(file) = &store.engine else {
+        unreachable!("an in-memory store is a file engine")
+    };
+    let key = file
         .inner
         .index
         .key(crate::scope::scoped_key(&scope(), "ghost").unwrap());
-    let tag = store.inner.index.tag(&fp());
-    store.inner.index.lock(&key.hash).insert(
+    let tag = file.inner.index.tag(&fp());
+    file.inner.index.lock(&key.hash).insert(
         key.hash,
         Slot::new(
             999,
@@ -215,7 +219,7 @@ fn replay_of_a_record_missing_from_the_file_is_corruption_not_a_hang() {
 /// builds, and in release a counter that wraps and reissues fences. It is now `Corrupted`.
 #[test]
 fn a_fence_near_u64_max_is_corruption_not_an_overflow() {
-    for fence in [u64::MAX, crate::disk::MAX_FENCE + 1] {
+    for fence in [u64::MAX, crate::file::disk::MAX_FENCE + 1] {
         let disk = SimDisk::new();
         drop(open(&disk));
         {
@@ -223,9 +227,9 @@ fn a_fence_near_u64_max_is_corruption_not_an_overflow() {
                 .create_with_backend(disk.backend())
                 .unwrap();
             let txn = db.begin_write().unwrap();
-            txn.open_table(crate::disk::META)
+            txn.open_table(crate::file::disk::META)
                 .unwrap()
-                .insert(crate::disk::FENCE_KEY, fence)
+                .insert(crate::file::disk::FENCE_KEY, fence)
                 .unwrap();
             txn.commit().unwrap();
         }
@@ -425,7 +429,7 @@ fn the_replay_cache_never_serves_a_replaced_record_or_another_request() {
 /// meets the second one.
 #[test]
 fn two_records_for_one_key_refuse_the_open() {
-    use crate::disk::RECORDS;
+    use crate::file::disk::RECORDS;
     use crate::record::Record;
     use redb::ReadableTable;
     let disk = SimDisk::new();

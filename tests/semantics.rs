@@ -4,6 +4,10 @@ use idemdb::{
     Claim, Damaged, EntryState, Error, Fingerprint, InputProblem, ManualClock, Resolution,
     Response, Scope, StalePolicy, Store, Ticket,
 };
+#[macro_use]
+mod engines;
+
+use engines::Backend;
 use std::path::PathBuf;
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
@@ -12,22 +16,30 @@ const LEASE: Duration = Duration::from_secs(60);
 const TTL: Duration = Duration::from_secs(24 * 3600);
 
 struct Fixture {
-    _dir: tempfile::TempDir,
+    backend: Backend,
     path: PathBuf,
     clock: ManualClock,
     policy: StalePolicy,
 }
 
 impl Fixture {
-    fn new() -> Fixture {
-        Fixture::with_policy(StalePolicy::TakeOver)
+    fn new(backend: Backend) -> Fixture {
+        Fixture::with_policy(backend, StalePolicy::TakeOver)
     }
 
-    fn with_policy(policy: StalePolicy) -> Fixture {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("store.idem");
+    /// A fixture on a store file, for the tests of the file engine alone.
+    fn file() -> Fixture {
+        Fixture::new(Backend::file())
+    }
+
+    fn with_policy(backend: Backend, policy: StalePolicy) -> Fixture {
+        let path = if backend.is_file() {
+            backend.path()
+        } else {
+            PathBuf::new()
+        };
         Fixture {
-            _dir: dir,
+            backend,
             path,
             clock: ManualClock::new(),
             policy,
@@ -35,13 +47,13 @@ impl Fixture {
     }
 
     fn open(&self) -> Store {
-        Store::builder()
-            .lease(LEASE)
-            .ttl(TTL)
-            .stale_policy(self.policy)
-            .clock(self.clock.clone())
-            .open(&self.path)
-            .unwrap()
+        self.backend.open(
+            Store::builder()
+                .lease(LEASE)
+                .ttl(TTL)
+                .stale_policy(self.policy)
+                .clock(self.clock.clone()),
+        )
     }
 }
 
@@ -84,48 +96,50 @@ fn rich_response() -> Response {
 
 // 1. A new key is acquired, durably; concurrent claims: exactly one acquires.
 
-#[test]
-fn new_key_is_acquired_and_survives_reopen() {
-    let f = Fixture::new();
-    let store = f.open();
-    let ticket = acquire(&store, &pay(), "k1", "a");
-    assert!(ticket.takeover().is_none());
-    drop(store);
-    let store = f.open();
-    assert_in_progress(store.claim(&pay(), "k1", fp("a")).unwrap());
-    drop(ticket);
+on_every_engine! {
+    fn new_key_is_acquired_and_survives_reopen(b: Backend) {
+        let f = Fixture::new(b);
+        let store = f.open();
+        let ticket = acquire(&store, &pay(), "k1", "a");
+        assert!(ticket.takeover().is_none());
+        drop(store);
+        let store = f.open();
+        assert_in_progress(store.claim(&pay(), "k1", fp("a")).unwrap());
+        drop(ticket);
+    }
 }
 
-#[test]
-fn concurrent_claims_of_one_key_acquire_exactly_once() {
-    let f = Fixture::new();
-    let store = f.open();
-    let threads = 32;
-    for round in 0..5 {
-        let key = format!("race-{round}");
-        let barrier = Arc::new(Barrier::new(threads));
-        let outcomes: Vec<Claim> = std::thread::scope(|s| {
-            let handles: Vec<_> = (0..threads)
-                .map(|_| {
-                    let (store, barrier, key) = (store.clone(), barrier.clone(), key.clone());
-                    s.spawn(move || {
-                        barrier.wait();
-                        store.claim(&pay(), &key, fp("a")).unwrap()
+on_every_engine! {
+    fn concurrent_claims_of_one_key_acquire_exactly_once(b: Backend) {
+        let f = Fixture::new(b);
+        let store = f.open();
+        let threads = 32;
+        for round in 0..5 {
+            let key = format!("race-{round}");
+            let barrier = Arc::new(Barrier::new(threads));
+            let outcomes: Vec<Claim> = std::thread::scope(|s| {
+                let handles: Vec<_> = (0..threads)
+                    .map(|_| {
+                        let (store, barrier, key) = (store.clone(), barrier.clone(), key.clone());
+                        s.spawn(move || {
+                            barrier.wait();
+                            store.claim(&pay(), &key, fp("a")).unwrap()
+                        })
                     })
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().unwrap()).collect()
-        });
-        let acquired = outcomes
-            .iter()
-            .filter(|c| matches!(c, Claim::Acquired(_)))
-            .count();
-        assert_eq!(acquired, 1, "round {round}: {outcomes:?}");
-        for c in outcomes {
-            if let Claim::InProgress { retry_after, .. } = c {
-                assert!(retry_after > Duration::ZERO);
-            } else {
-                assert!(matches!(c, Claim::Acquired(_)));
+                    .collect();
+                handles.into_iter().map(|h| h.join().unwrap()).collect()
+            });
+            let acquired = outcomes
+                .iter()
+                .filter(|c| matches!(c, Claim::Acquired(_)))
+                .count();
+            assert_eq!(acquired, 1, "round {round}: {outcomes:?}");
+            for c in outcomes {
+                if let Claim::InProgress { retry_after, .. } = c {
+                    assert!(retry_after > Duration::ZERO);
+                } else {
+                    assert!(matches!(c, Claim::Acquired(_)));
+                }
             }
         }
     }
@@ -133,491 +147,509 @@ fn concurrent_claims_of_one_key_acquire_exactly_once() {
 
 // 2. Replay is byte-identical, and survives reopen.
 
-#[test]
-fn completed_key_replays_byte_identical_response() {
-    let f = Fixture::new();
-    let store = f.open();
-    let t = acquire(&store, &pay(), "k1", "a");
-    store.complete(t, rich_response()).unwrap();
-    let r = replay(&store, &pay(), "k1", "a");
-    assert_eq!(r, rich_response());
-    assert_eq!(r.headers()[1].0, "set-cookie");
-    assert_eq!(r.headers()[3].1, b"b=2");
-    drop(store);
-    let store = f.open();
-    assert_eq!(replay(&store, &pay(), "k1", "a"), rich_response());
-    assert_eq!(store.stats().replays, 1);
+on_every_engine! {
+    fn completed_key_replays_byte_identical_response(b: Backend) {
+        let f = Fixture::new(b);
+        let store = f.open();
+        let t = acquire(&store, &pay(), "k1", "a");
+        store.complete(t, rich_response()).unwrap();
+        let r = replay(&store, &pay(), "k1", "a");
+        assert_eq!(r, rich_response());
+        assert_eq!(r.headers()[1].0, "set-cookie");
+        assert_eq!(r.headers()[3].1, b"b=2");
+        drop(store);
+        let store = f.open();
+        assert_eq!(replay(&store, &pay(), "k1", "a"), rich_response());
+        assert_eq!(store.stats().replays, 1);
+    }
 }
 
 // 3. A different fingerprint is a mismatch, in progress or completed; nothing changes.
 
-#[test]
-fn different_fingerprint_is_a_mismatch_and_changes_nothing() {
-    let f = Fixture::new();
-    let store = f.open();
-    let t = acquire(&store, &pay(), "k1", "amount=5000");
-    let before = store.get(&pay(), "k1").unwrap();
-    match store.claim(&pay(), "k1", fp("amount=500000")).unwrap() {
-        Claim::Mismatch { completed } => assert!(!completed),
-        other => panic!("{other:?}"),
+on_every_engine! {
+    fn different_fingerprint_is_a_mismatch_and_changes_nothing(b: Backend) {
+        let f = Fixture::new(b);
+        let store = f.open();
+        let t = acquire(&store, &pay(), "k1", "amount=5000");
+        let before = store.get(&pay(), "k1").unwrap();
+        match store.claim(&pay(), "k1", fp("amount=500000")).unwrap() {
+            Claim::Mismatch { completed } => assert!(!completed),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(store.get(&pay(), "k1").unwrap(), before);
+        store.complete(t, Response::new(201, "paid")).unwrap();
+        let before = store.get(&pay(), "k1").unwrap();
+        match store.claim(&pay(), "k1", fp("amount=500000")).unwrap() {
+            Claim::Mismatch { completed } => assert!(completed),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(store.get(&pay(), "k1").unwrap(), before);
+        assert_eq!(replay(&store, &pay(), "k1", "amount=5000").body(), b"paid");
+        assert_eq!(store.stats().mismatches, 2);
     }
-    assert_eq!(store.get(&pay(), "k1").unwrap(), before);
-    store.complete(t, Response::new(201, "paid")).unwrap();
-    let before = store.get(&pay(), "k1").unwrap();
-    match store.claim(&pay(), "k1", fp("amount=500000")).unwrap() {
-        Claim::Mismatch { completed } => assert!(completed),
-        other => panic!("{other:?}"),
-    }
-    assert_eq!(store.get(&pay(), "k1").unwrap(), before);
-    assert_eq!(replay(&store, &pay(), "k1", "amount=5000").body(), b"paid");
-    assert_eq!(store.stats().mismatches, 2);
 }
 
 // 4. Release deletes durably; the next claim acquires.
 
-#[test]
-fn release_frees_the_key_durably() {
-    let f = Fixture::new();
-    let store = f.open();
-    let t = acquire(&store, &pay(), "k1", "a");
-    store.release(t).unwrap();
-    assert!(store.get(&pay(), "k1").unwrap().is_none());
-    drop(store);
-    let store = f.open();
-    assert!(store.get(&pay(), "k1").unwrap().is_none());
-    let t = acquire(&store, &pay(), "k1", "b");
-    store.complete(t, Response::new(200, "second")).unwrap();
-    assert_eq!(replay(&store, &pay(), "k1", "b").body(), b"second");
+on_every_engine! {
+    fn release_frees_the_key_durably(b: Backend) {
+        let f = Fixture::new(b);
+        let store = f.open();
+        let t = acquire(&store, &pay(), "k1", "a");
+        store.release(t).unwrap();
+        assert!(store.get(&pay(), "k1").unwrap().is_none());
+        drop(store);
+        let store = f.open();
+        assert!(store.get(&pay(), "k1").unwrap().is_none());
+        let t = acquire(&store, &pay(), "k1", "b");
+        store.complete(t, Response::new(200, "second")).unwrap();
+        assert_eq!(replay(&store, &pay(), "k1", "b").body(), b"second");
+    }
 }
 
 // 5. Scopes are (tenant, endpoint, key), encoded without ambiguity.
 
-#[test]
-fn scopes_are_independent_and_unambiguous() {
-    let f = Fixture::new();
-    let store = f.open();
-    let ab_c = Scope::new("ab", "c");
-    let a_bc = Scope::new("a", "bc");
-    let t1 = acquire(&store, &ab_c, "k", "x");
-    let t2 = acquire(&store, &a_bc, "k", "x");
-    store.complete(t1, Response::new(200, "ab/c")).unwrap();
-    assert_in_progress(store.claim(&a_bc, "k", fp("x")).unwrap());
-    store.complete(t2, Response::new(200, "a/bc")).unwrap();
-    assert_eq!(replay(&store, &ab_c, "k", "x").body(), b"ab/c");
-    assert_eq!(replay(&store, &a_bc, "k", "x").body(), b"a/bc");
+on_every_engine! {
+    fn scopes_are_independent_and_unambiguous(b: Backend) {
+        let f = Fixture::new(b);
+        let store = f.open();
+        let ab_c = Scope::new("ab", "c");
+        let a_bc = Scope::new("a", "bc");
+        let t1 = acquire(&store, &ab_c, "k", "x");
+        let t2 = acquire(&store, &a_bc, "k", "x");
+        store.complete(t1, Response::new(200, "ab/c")).unwrap();
+        assert_in_progress(store.claim(&a_bc, "k", fp("x")).unwrap());
+        store.complete(t2, Response::new(200, "a/bc")).unwrap();
+        assert_eq!(replay(&store, &ab_c, "k", "x").body(), b"ab/c");
+        assert_eq!(replay(&store, &a_bc, "k", "x").body(), b"a/bc");
 
-    // Same key, other tenant: a fresh record, never the first tenant's response.
-    let other_tenant = Scope::new("tenant_b", "POST /v1/payments");
-    let t = acquire(&store, &pay(), "shared-key", "x");
-    store
-        .complete(t, Response::new(201, "secret of a"))
-        .unwrap();
-    let tb = acquire(&store, &other_tenant, "shared-key", "x");
-    assert!(store.get(&other_tenant, "shared-key").unwrap().is_some());
-    store.release(tb).unwrap();
-    assert_eq!(
-        replay(&store, &pay(), "shared-key", "x").body(),
-        b"secret of a"
-    );
-    let other_endpoint = Scope::new("tenant_a", "POST /v1/refunds");
-    let _t = acquire(&store, &other_endpoint, "shared-key", "x");
+        // Same key, other tenant: a fresh record, never the first tenant's response.
+        let other_tenant = Scope::new("tenant_b", "POST /v1/payments");
+        let t = acquire(&store, &pay(), "shared-key", "x");
+        store
+            .complete(t, Response::new(201, "secret of a"))
+            .unwrap();
+        let tb = acquire(&store, &other_tenant, "shared-key", "x");
+        assert!(store.get(&other_tenant, "shared-key").unwrap().is_some());
+        store.release(tb).unwrap();
+        assert_eq!(
+            replay(&store, &pay(), "shared-key", "x").body(),
+            b"secret of a"
+        );
+        let other_endpoint = Scope::new("tenant_a", "POST /v1/refunds");
+        let _t = acquire(&store, &other_endpoint, "shared-key", "x");
+    }
 }
 
 // 6. TTL: expired records are absent before purge; purge removes them in time order.
 
-#[test]
-fn expired_record_is_absent_before_purge() {
-    let f = Fixture::new();
-    let store = f.open();
-    let t = acquire(&store, &pay(), "k1", "a");
-    store.complete(t, Response::new(200, "old")).unwrap();
-    f.clock.advance(TTL - Duration::from_millis(1));
-    assert_eq!(replay(&store, &pay(), "k1", "a").body(), b"old");
-    f.clock.advance(Duration::from_millis(1));
-    assert!(store.get(&pay(), "k1").unwrap().is_none());
-    // Expired: even another fingerprint acquires (the old record is gone for every read).
-    let t = acquire(&store, &pay(), "k1", "different");
-    store.complete(t, Response::new(200, "new")).unwrap();
-    assert_eq!(replay(&store, &pay(), "k1", "different").body(), b"new");
-    assert_eq!(
-        store.purge_expired().unwrap(),
-        0,
-        "the re-claimed key is live"
-    );
-    drop(store);
-    let store = f.open();
-    assert_eq!(replay(&store, &pay(), "k1", "different").body(), b"new");
+on_every_engine! {
+    fn expired_record_is_absent_before_purge(b: Backend) {
+        let f = Fixture::new(b);
+        let store = f.open();
+        let t = acquire(&store, &pay(), "k1", "a");
+        store.complete(t, Response::new(200, "old")).unwrap();
+        f.clock.advance(TTL - Duration::from_millis(1));
+        assert_eq!(replay(&store, &pay(), "k1", "a").body(), b"old");
+        f.clock.advance(Duration::from_millis(1));
+        assert!(store.get(&pay(), "k1").unwrap().is_none());
+        // Expired: even another fingerprint acquires (the old record is gone for every read).
+        let t = acquire(&store, &pay(), "k1", "different");
+        store.complete(t, Response::new(200, "new")).unwrap();
+        assert_eq!(replay(&store, &pay(), "k1", "different").body(), b"new");
+        assert_eq!(
+            store.purge_expired().unwrap(),
+            0,
+            "the re-claimed key is live"
+        );
+        drop(store);
+        let store = f.open();
+        assert_eq!(replay(&store, &pay(), "k1", "different").body(), b"new");
+    }
 }
 
-#[test]
-fn purge_deletes_expired_records_oldest_first() {
-    let f = Fixture::new();
-    let store = f.open();
-    for i in 0..10 {
-        let t = acquire(&store, &pay(), &format!("k{i}"), "a");
-        store.complete(t, Response::new(200, "x")).unwrap();
-        f.clock.advance(Duration::from_secs(60));
-    }
-    let _held = acquire(&store, &pay(), "in-progress", "a");
-    assert_eq!(store.purge_expired().unwrap(), 0);
-    // k0 completed at t0, k9 at t0 + 9 min: advance so that k0..=k3 expired.
-    f.clock.advance(TTL - Duration::from_secs(60 * 6 + 1));
-    assert_eq!(store.purge_expired().unwrap(), 4);
-    for i in 0..10 {
-        let present = store.get(&pay(), &format!("k{i}")).unwrap().is_some();
-        assert_eq!(present, i >= 4, "k{i}");
-    }
-    assert_eq!(store.purge_expired().unwrap(), 0);
-    assert_eq!(store.stats().purged, 4);
-    assert_eq!(store.stats().live_records, 7);
-    drop(store);
-    let store = f.open();
-    assert_eq!(store.stats().live_records, 7, "purge is durable");
-    f.clock.advance(TTL);
-    assert_eq!(
-        store.purge_expired().unwrap(),
-        6,
-        "in-progress claims never expire"
-    );
-}
-
-#[test]
-fn purge_handles_more_than_one_chunk() {
-    let f = Fixture::new();
-    let store = f.open();
-    let n = 5000;
-    std::thread::scope(|s| {
-        for t in 0..8 {
-            let store = store.clone();
-            s.spawn(move || {
-                for i in (t..n).step_by(8) {
-                    let ticket = acquire(&store, &pay(), &format!("k{i}"), "a");
-                    store.complete(ticket, Response::new(200, "x")).unwrap();
-                }
-            });
+on_every_engine! {
+    fn purge_deletes_expired_records_oldest_first(b: Backend) {
+        let f = Fixture::new(b);
+        let store = f.open();
+        for i in 0..10 {
+            let t = acquire(&store, &pay(), &format!("k{i}"), "a");
+            store.complete(t, Response::new(200, "x")).unwrap();
+            f.clock.advance(Duration::from_secs(60));
         }
-    });
-    f.clock.advance(TTL);
-    assert_eq!(store.purge_expired().unwrap(), n);
-    assert_eq!(store.stats().live_records, 0);
+        let _held = acquire(&store, &pay(), "in-progress", "a");
+        assert_eq!(store.purge_expired().unwrap(), 0);
+        // k0 completed at t0, k9 at t0 + 9 min: advance so that k0..=k3 expired.
+        f.clock.advance(TTL - Duration::from_secs(60 * 6 + 1));
+        assert_eq!(store.purge_expired().unwrap(), 4);
+        for i in 0..10 {
+            let present = store.get(&pay(), &format!("k{i}")).unwrap().is_some();
+            assert_eq!(present, i >= 4, "k{i}");
+        }
+        assert_eq!(store.purge_expired().unwrap(), 0);
+        assert_eq!(store.stats().purged, 4);
+        assert_eq!(store.stats().live_records, 7);
+        drop(store);
+        let store = f.open();
+        assert_eq!(store.stats().live_records, 7, "purge is durable");
+        f.clock.advance(TTL);
+        assert_eq!(
+            store.purge_expired().unwrap(),
+            6,
+            "in-progress claims never expire"
+        );
+    }
+}
+
+on_every_engine! {
+    fn purge_handles_more_than_one_chunk(b: Backend) {
+        let f = Fixture::new(b);
+        let store = f.open();
+        let n = 5000;
+        std::thread::scope(|s| {
+            for t in 0..8 {
+                let store = store.clone();
+                s.spawn(move || {
+                    for i in (t..n).step_by(8) {
+                        let ticket = acquire(&store, &pay(), &format!("k{i}"), "a");
+                        store.complete(ticket, Response::new(200, "x")).unwrap();
+                    }
+                });
+            }
+        });
+        f.clock.advance(TTL);
+        assert_eq!(store.purge_expired().unwrap(), n);
+        assert_eq!(store.stats().live_records, 0);
+    }
 }
 
 // 7. Leases: extend renews; stale claims are taken over (default) or kept for reap.
 
-#[test]
-fn extend_renews_the_lease() {
-    let f = Fixture::new();
-    let store = f.open();
-    let t = acquire(&store, &pay(), "k1", "a");
-    f.clock.advance(Duration::from_secs(50));
-    store.extend(&t, Duration::from_secs(60)).unwrap();
-    f.clock.advance(Duration::from_secs(50));
-    // 100 s after the claim, past the original lease, but within the extension.
-    assert_in_progress(store.claim(&pay(), "k1", fp("a")).unwrap());
-    assert_eq!(store.reap(|_| Resolution::Release).unwrap(), 0);
-    drop(store);
-    let store = f.open();
-    match store.get(&pay(), "k1").unwrap().unwrap().state {
-        EntryState::InProgress { lease_deadline, .. } => {
-            assert_eq!(lease_deadline, t.lease_deadline(), "extension is durable")
+on_every_engine! {
+    fn extend_renews_the_lease(b: Backend) {
+        let f = Fixture::new(b);
+        let store = f.open();
+        let t = acquire(&store, &pay(), "k1", "a");
+        f.clock.advance(Duration::from_secs(50));
+        store.extend(&t, Duration::from_secs(60)).unwrap();
+        f.clock.advance(Duration::from_secs(50));
+        // 100 s after the claim, past the original lease, but within the extension.
+        assert_in_progress(store.claim(&pay(), "k1", fp("a")).unwrap());
+        assert_eq!(store.reap(|_| Resolution::Release).unwrap(), 0);
+        drop(store);
+        let store = f.open();
+        match store.get(&pay(), "k1").unwrap().unwrap().state {
+            EntryState::InProgress { lease_deadline, .. } => {
+                assert_eq!(lease_deadline, t.lease_deadline(), "extension is durable")
+            }
+            other => panic!("{other:?}"),
         }
-        other => panic!("{other:?}"),
     }
 }
 
-#[test]
-fn stale_claim_is_taken_over_and_the_old_ticket_is_fenced_off() {
-    let f = Fixture::new();
-    let store = f.open();
-    let old = acquire(&store, &pay(), "k1", "a");
-    f.clock.advance(LEASE - Duration::from_millis(1));
-    let retry = assert_in_progress(store.claim(&pay(), "k1", fp("a")).unwrap());
-    assert!(retry <= Duration::from_millis(1));
-    f.clock.advance(Duration::from_millis(1));
-    let new = acquire(&store, &pay(), "k1", "a");
-    let takeover = new.takeover().expect("a takeover says so");
-    assert_eq!(takeover.previous_fence, old.fence());
-    assert!(!takeover.orphan);
-    assert!(new.fence() > old.fence());
-    assert_eq!(store.stats().takeovers, 1);
-    // The abandoned attempt wakes up late: it can change nothing.
-    assert!(matches!(
-        store.extend(&old, LEASE),
-        Err(Error::LeaseLost { .. })
-    ));
-    assert!(matches!(
-        store.complete(old, Response::new(200, "late")),
-        Err(Error::LeaseLost { .. })
-    ));
-    store.complete(new, Response::new(200, "new")).unwrap();
-    assert_eq!(replay(&store, &pay(), "k1", "a").body(), b"new");
+on_every_engine! {
+    fn stale_claim_is_taken_over_and_the_old_ticket_is_fenced_off(b: Backend) {
+        let f = Fixture::new(b);
+        let store = f.open();
+        let old = acquire(&store, &pay(), "k1", "a");
+        f.clock.advance(LEASE - Duration::from_millis(1));
+        let retry = assert_in_progress(store.claim(&pay(), "k1", fp("a")).unwrap());
+        assert!(retry <= Duration::from_millis(1));
+        f.clock.advance(Duration::from_millis(1));
+        let new = acquire(&store, &pay(), "k1", "a");
+        let takeover = new.takeover().expect("a takeover says so");
+        assert_eq!(takeover.previous_fence, old.fence());
+        assert!(!takeover.orphan);
+        assert!(new.fence() > old.fence());
+        assert_eq!(store.stats().takeovers, 1);
+        // The abandoned attempt wakes up late: it can change nothing.
+        assert!(matches!(
+            store.extend(&old, LEASE),
+            Err(Error::LeaseLost { .. })
+        ));
+        assert!(matches!(
+            store.complete(old, Response::new(200, "late")),
+            Err(Error::LeaseLost { .. })
+        ));
+        store.complete(new, Response::new(200, "new")).unwrap();
+        assert_eq!(replay(&store, &pay(), "k1", "a").body(), b"new");
+    }
 }
 
-#[test]
-fn stale_claim_with_another_fingerprint_is_a_mismatch_not_a_takeover() {
-    let f = Fixture::new();
-    let store = f.open();
-    let _old = acquire(&store, &pay(), "k1", "a");
-    f.clock.advance(LEASE);
-    assert!(matches!(
-        store.claim(&pay(), "k1", fp("b")).unwrap(),
-        Claim::Mismatch { completed: false }
-    ));
+on_every_engine! {
+    fn stale_claim_with_another_fingerprint_is_a_mismatch_not_a_takeover(b: Backend) {
+        let f = Fixture::new(b);
+        let store = f.open();
+        let _old = acquire(&store, &pay(), "k1", "a");
+        f.clock.advance(LEASE);
+        assert!(matches!(
+            store.claim(&pay(), "k1", fp("b")).unwrap(),
+            Claim::Mismatch { completed: false }
+        ));
+    }
 }
 
-#[test]
-fn keep_policy_leaves_stale_claims_to_reap() {
-    let f = Fixture::with_policy(StalePolicy::Keep);
-    let store = f.open();
-    let old = acquire(&store, &pay(), "k1", "a");
-    let _other = acquire(&store, &pay(), "k2", "a");
-    f.clock.advance(LEASE * 2);
-    assert_in_progress(store.claim(&pay(), "k1", fp("a")).unwrap());
-    let mut seen = Vec::new();
-    let resolved = store
-        .reap(|stale| {
-            seen.push((stale.key.clone(), stale.fence, stale.orphan));
-            if stale.key == "k1" {
-                Resolution::Complete(Response::new(200, "reconciled"))
-            } else {
+on_every_engine! {
+    fn keep_policy_leaves_stale_claims_to_reap(b: Backend) {
+        let f = Fixture::with_policy(b, StalePolicy::Keep);
+        let store = f.open();
+        let old = acquire(&store, &pay(), "k1", "a");
+        let _other = acquire(&store, &pay(), "k2", "a");
+        f.clock.advance(LEASE * 2);
+        assert_in_progress(store.claim(&pay(), "k1", fp("a")).unwrap());
+        let mut seen = Vec::new();
+        let resolved = store
+            .reap(|stale| {
+                seen.push((stale.key.clone(), stale.fence, stale.orphan));
+                if stale.key == "k1" {
+                    Resolution::Complete(Response::new(200, "reconciled"))
+                } else {
+                    Resolution::Keep
+                }
+            })
+            .unwrap();
+        seen.sort();
+        assert_eq!(resolved, 1);
+        assert_eq!(seen.len(), 2);
+        assert_eq!(seen[0], ("k1".into(), old.fence(), false));
+        assert_eq!(replay(&store, &pay(), "k1", "a").body(), b"reconciled");
+        assert!(matches!(
+            store.complete(old, Response::new(200, "late")),
+            Err(Error::LeaseLost { .. })
+        ));
+        // Kept: offered again on the next reap.
+        assert_eq!(store.reap(|_| Resolution::Release).unwrap(), 1);
+        let _t = acquire(&store, &pay(), "k2", "a");
+        assert_eq!(store.stats().reaped, 2);
+    }
+}
+
+on_every_engine! {
+    fn reap_sees_stale_claims_under_the_takeover_policy_too(b: Backend) {
+        let f = Fixture::new(b);
+        let store = f.open();
+        let t = acquire(&store, &pay(), "k1", "a");
+        let _live = acquire(&store, &pay(), "k2", "a");
+        f.clock.advance(LEASE);
+        let _fresh = acquire(&store, &pay(), "k3", "a");
+        let mut keys = Vec::new();
+        store
+            .reap(|s| {
+                keys.push(s.key.clone());
                 Resolution::Keep
-            }
-        })
-        .unwrap();
-    seen.sort();
-    assert_eq!(resolved, 1);
-    assert_eq!(seen.len(), 2);
-    assert_eq!(seen[0], ("k1".into(), old.fence(), false));
-    assert_eq!(replay(&store, &pay(), "k1", "a").body(), b"reconciled");
-    assert!(matches!(
-        store.complete(old, Response::new(200, "late")),
-        Err(Error::LeaseLost { .. })
-    ));
-    // Kept: offered again on the next reap.
-    assert_eq!(store.reap(|_| Resolution::Release).unwrap(), 1);
-    let _t = acquire(&store, &pay(), "k2", "a");
-    assert_eq!(store.stats().reaped, 2);
-}
-
-#[test]
-fn reap_sees_stale_claims_under_the_takeover_policy_too() {
-    let f = Fixture::new();
-    let store = f.open();
-    let t = acquire(&store, &pay(), "k1", "a");
-    let _live = acquire(&store, &pay(), "k2", "a");
-    f.clock.advance(LEASE);
-    let _fresh = acquire(&store, &pay(), "k3", "a");
-    let mut keys = Vec::new();
-    store
-        .reap(|s| {
-            keys.push(s.key.clone());
-            Resolution::Keep
-        })
-        .unwrap();
-    keys.sort();
-    assert_eq!(keys, ["k1", "k2"]);
-    assert_eq!(store.reap(|_| Resolution::Release).unwrap(), 2);
-    assert!(matches!(store.release(t), Err(Error::LeaseLost { .. })));
+            })
+            .unwrap();
+        keys.sort();
+        assert_eq!(keys, ["k1", "k2"]);
+        assert_eq!(store.reap(|_| Resolution::Release).unwrap(), 2);
+        assert!(matches!(store.release(t), Err(Error::LeaseLost { .. })));
+    }
 }
 
 // 8. After reopen, in-progress records are orphans: reap sees them at once; claims wait out
 //    the lease.
 
-#[test]
-fn orphans_are_reaped_at_once_but_claims_wait_for_the_lease() {
-    let f = Fixture::new();
-    let store = f.open();
-    let before = acquire(&store, &pay(), "k1", "a");
-    let before_fence = before.fence();
-    let _t2 = acquire(&store, &pay(), "k2", "a");
-    drop(store);
-    let store = f.open();
-    assert_in_progress(store.claim(&pay(), "k1", fp("a")).unwrap());
-    let mut orphans = Vec::new();
-    store
-        .reap(|s| {
-            assert!(s.orphan);
-            orphans.push(s.key.clone());
-            if s.key == "k2" {
-                Resolution::Release
-            } else {
-                Resolution::Keep
-            }
-        })
-        .unwrap();
-    orphans.sort();
-    assert_eq!(orphans, ["k1", "k2"]);
-    let _t = acquire(&store, &pay(), "k2", "a");
-    f.clock.advance(LEASE);
-    let t = acquire(&store, &pay(), "k1", "a");
-    let takeover = t.takeover().unwrap();
-    assert!(takeover.orphan);
-    assert_eq!(takeover.previous_fence, before_fence);
-    // The pre-reopen ticket is from another store instance: fenced off.
-    assert!(matches!(
-        store.complete(before, Response::new(200, "")),
-        Err(Error::LeaseLost { .. })
-    ));
+on_every_engine! {
+    fn orphans_are_reaped_at_once_but_claims_wait_for_the_lease(b: Backend) {
+        let f = Fixture::new(b);
+        let store = f.open();
+        let before = acquire(&store, &pay(), "k1", "a");
+        let before_fence = before.fence();
+        let _t2 = acquire(&store, &pay(), "k2", "a");
+        drop(store);
+        let store = f.open();
+        assert_in_progress(store.claim(&pay(), "k1", fp("a")).unwrap());
+        let mut orphans = Vec::new();
+        store
+            .reap(|s| {
+                assert!(s.orphan);
+                orphans.push(s.key.clone());
+                if s.key == "k2" {
+                    Resolution::Release
+                } else {
+                    Resolution::Keep
+                }
+            })
+            .unwrap();
+        orphans.sort();
+        assert_eq!(orphans, ["k1", "k2"]);
+        let _t = acquire(&store, &pay(), "k2", "a");
+        f.clock.advance(LEASE);
+        let t = acquire(&store, &pay(), "k1", "a");
+        let takeover = t.takeover().unwrap();
+        assert!(takeover.orphan);
+        assert_eq!(takeover.previous_fence, before_fence);
+        // The pre-reopen ticket is from another store instance: fenced off.
+        assert!(matches!(
+            store.complete(before, Response::new(200, "")),
+            Err(Error::LeaseLost { .. })
+        ));
+    }
 }
 
-/// A dropped ticket is a holder gone, as a crash is: its claim is an orphan at once. Reap
-/// offers it straight away; duplicates are told to come back when the lease ends (nobody is
-/// left to finish it sooner), not after the usual one-second hint; the lease still holds the
-/// key, since the side effect may have happened.
-#[test]
-fn a_dropped_ticket_is_an_orphan_reaped_at_once_and_duplicates_hear_the_lease_end() {
-    let f = Fixture::new();
-    let store = f.open();
-    let ticket = acquire(&store, &pay(), "k1", "a");
-    let live = acquire(&store, &pay(), "k2", "a");
-    f.clock.advance(Duration::from_secs(20));
-    let Claim::InProgress { retry_after, .. } = store.claim(&pay(), "k1", fp("a")).unwrap() else {
-        panic!("held")
-    };
-    assert_eq!(
-        retry_after,
-        Duration::from_secs(1),
-        "a live holder: the hint"
-    );
-    drop(ticket);
-    let Claim::InProgress {
-        retry_after,
-        lease_remaining,
-    } = store.claim(&pay(), "k1", fp("a")).unwrap()
-    else {
-        panic!("the lease still holds the key")
-    };
-    assert_eq!(retry_after, Duration::from_secs(40), "the holder is gone");
-    assert_eq!(lease_remaining, retry_after);
-    let mut offered = Vec::new();
-    store
-        .reap(|s| {
-            offered.push((s.key.clone(), s.orphan));
-            Resolution::Keep
-        })
-        .unwrap();
-    assert_eq!(
-        offered,
-        [("k1".to_owned(), true)],
-        "only the abandoned claim"
-    );
-    store.complete(live, Response::new(201, "ok")).unwrap();
-    f.clock.advance(Duration::from_secs(40));
-    let taker = acquire(&store, &pay(), "k1", "a");
-    assert!(taker.takeover().unwrap().orphan);
+on_every_engine! {
+    /// A dropped ticket is a holder gone, as a crash is: its claim is an orphan at once. Reap
+    /// offers it straight away; duplicates are told to come back when the lease ends (nobody is
+    /// left to finish it sooner), not after the usual one-second hint; the lease still holds the
+    /// key, since the side effect may have happened.
+fn a_dropped_ticket_is_an_orphan_reaped_at_once_and_duplicates_hear_the_lease_end(b: Backend) {
+        let f = Fixture::new(b);
+        let store = f.open();
+        let ticket = acquire(&store, &pay(), "k1", "a");
+        let live = acquire(&store, &pay(), "k2", "a");
+        f.clock.advance(Duration::from_secs(20));
+        let Claim::InProgress { retry_after, .. } = store.claim(&pay(), "k1", fp("a")).unwrap() else {
+            panic!("held")
+        };
+        assert_eq!(
+            retry_after,
+            Duration::from_secs(1),
+            "a live holder: the hint"
+        );
+        drop(ticket);
+        let Claim::InProgress {
+            retry_after,
+            lease_remaining,
+        } = store.claim(&pay(), "k1", fp("a")).unwrap()
+        else {
+            panic!("the lease still holds the key")
+        };
+        assert_eq!(retry_after, Duration::from_secs(40), "the holder is gone");
+        assert_eq!(lease_remaining, retry_after);
+        let mut offered = Vec::new();
+        store
+            .reap(|s| {
+                offered.push((s.key.clone(), s.orphan));
+                Resolution::Keep
+            })
+            .unwrap();
+        assert_eq!(
+            offered,
+            [("k1".to_owned(), true)],
+            "only the abandoned claim"
+        );
+        store.complete(live, Response::new(201, "ok")).unwrap();
+        f.clock.advance(Duration::from_secs(40));
+        let taker = acquire(&store, &pay(), "k1", "a");
+        assert!(taker.takeover().unwrap().orphan);
+    }
 }
 
 // 9. Fencing tokens only grow, across restarts.
 
-#[test]
-fn fences_grow_across_reopens() {
-    let f = Fixture::new();
-    let mut last = 0;
-    for round in 0..4 {
-        let store = f.open();
-        for i in 0..5 {
-            let t = acquire(&store, &pay(), &format!("r{round}-{i}"), "a");
-            assert!(t.fence() > last, "fence {} after {last}", t.fence());
-            last = t.fence();
-            if i % 2 == 0 {
-                store.release(t).unwrap();
-            } else {
-                store.complete(t, Response::new(200, "")).unwrap();
+on_every_engine! {
+    fn fences_grow_across_reopens(b: Backend) {
+        let f = Fixture::new(b);
+        let mut last = 0;
+        for round in 0..4 {
+            let store = f.open();
+            for i in 0..5 {
+                let t = acquire(&store, &pay(), &format!("r{round}-{i}"), "a");
+                assert!(t.fence() > last, "fence {} after {last}", t.fence());
+                last = t.fence();
+                if i % 2 == 0 {
+                    store.release(t).unwrap();
+                } else {
+                    store.complete(t, Response::new(200, "")).unwrap();
+                }
             }
         }
     }
 }
 
-#[test]
-fn released_or_completed_tickets_are_lost() {
-    let f = Fixture::new();
-    let store = f.open();
-    let t = acquire(&store, &pay(), "k1", "a");
-    let fence = t.fence();
-    store.release(t).unwrap();
-    let t2 = acquire(&store, &pay(), "k1", "a");
-    assert!(t2.fence() > fence);
-    store.complete(t2, Response::new(200, "x")).unwrap();
-    // A ticket of another store never matches, even with the same key.
-    let other = Store::in_memory().unwrap();
-    let foreign = acquire(&other, &pay(), "k1", "a");
-    assert!(matches!(
-        store.release(foreign),
-        Err(Error::LeaseLost { .. })
-    ));
-    assert_eq!(replay(&store, &pay(), "k1", "a").body(), b"x");
+on_every_engine! {
+    fn released_or_completed_tickets_are_lost(b: Backend) {
+        let f = Fixture::new(b);
+        let store = f.open();
+        let t = acquire(&store, &pay(), "k1", "a");
+        let fence = t.fence();
+        store.release(t).unwrap();
+        let t2 = acquire(&store, &pay(), "k1", "a");
+        assert!(t2.fence() > fence);
+        store.complete(t2, Response::new(200, "x")).unwrap();
+        // A ticket of another store never matches, even with the same key.
+        let other = Store::in_memory().unwrap();
+        let foreign = acquire(&other, &pay(), "k1", "a");
+        assert!(matches!(
+            store.release(foreign),
+            Err(Error::LeaseLost { .. })
+        ));
+        assert_eq!(replay(&store, &pay(), "k1", "a").body(), b"x");
+    }
 }
 
 // 10. Input is validated; bad input stores nothing.
 
-#[test]
-fn invalid_keys_are_refused_and_store_nothing() {
-    let f = Fixture::new();
-    let store = f.open();
-    let long = "k".repeat(256);
-    for key in ["", "has space", "tab\t", "é", "nul\0", long.as_str()] {
-        match store.claim(&pay(), key, fp("a")) {
-            Err(Error::InvalidKey { .. }) => {}
-            other => panic!("{key:?}: {other:?}"),
+on_every_engine! {
+    fn invalid_keys_are_refused_and_store_nothing(b: Backend) {
+        let f = Fixture::new(b);
+        let store = f.open();
+        let long = "k".repeat(256);
+        for key in ["", "has space", "tab\t", "é", "nul\0", long.as_str()] {
+            match store.claim(&pay(), key, fp("a")) {
+                Err(Error::InvalidKey { .. }) => {}
+                other => panic!("{key:?}: {other:?}"),
+            }
+            assert!(matches!(
+                store.get(&pay(), key),
+                Err(Error::InvalidKey { .. })
+            ));
         }
         assert!(matches!(
-            store.get(&pay(), key),
-            Err(Error::InvalidKey { .. })
+            store.claim(&pay(), &long, fp("a")),
+            Err(Error::InvalidKey {
+                reason: InputProblem::TooLong { len: 256, max: 255 }
+            })
         ));
+        for scope in [
+            Scope::new("", "POST /x"),
+            Scope::new("t", ""),
+            Scope::new("t".repeat(256), "POST /x"),
+            Scope::new("t", "e".repeat(1025)),
+        ] {
+            assert!(matches!(
+                store.claim(&scope, "k", fp("a")),
+                Err(Error::InvalidScope { .. })
+            ));
+        }
+        assert_eq!(store.stats().live_records, 0);
+        assert_eq!(store.stats().commit_batches, 0);
+        let _ok = acquire(
+            &store,
+            &Scope::new("t".repeat(255), "e".repeat(1024)),
+            &"~".repeat(255),
+            "a",
+        );
     }
-    assert!(matches!(
-        store.claim(&pay(), &long, fp("a")),
-        Err(Error::InvalidKey {
-            reason: InputProblem::TooLong { len: 256, max: 255 }
-        })
-    ));
-    for scope in [
-        Scope::new("", "POST /x"),
-        Scope::new("t", ""),
-        Scope::new("t".repeat(256), "POST /x"),
-        Scope::new("t", "e".repeat(1025)),
-    ] {
-        assert!(matches!(
-            store.claim(&scope, "k", fp("a")),
-            Err(Error::InvalidScope { .. })
-        ));
-    }
-    assert_eq!(store.stats().live_records, 0);
-    assert_eq!(store.stats().commit_batches, 0);
-    let _ok = acquire(
-        &store,
-        &Scope::new("t".repeat(255), "e".repeat(1024)),
-        &"~".repeat(255),
-        "a",
-    );
 }
 
-#[test]
-fn oversize_response_is_refused_and_the_claim_stays_held() {
-    let f = Fixture::new();
-    let store = Store::builder()
-        .max_response_bytes(1024)
-        .clock(f.clock.clone())
-        .open(&f.path)
-        .unwrap();
-    let t = acquire(&store, &pay(), "k1", "a");
-    let err = store
-        .complete(t, Response::new(200, vec![0u8; 2000]))
-        .unwrap_err();
-    assert!(err.to_string().contains("1024"), "{err}");
-    let Error::ResponseTooLarge {
-        limit: 1024,
-        ticket: Some(t),
-        ..
-    } = err
-    else {
-        panic!("{err:?}")
-    };
-    assert_in_progress(store.claim(&pay(), "k1", fp("a")).unwrap());
-    let t = *t;
-    store
-        .complete(t, Response::new(200, vec![0u8; 900]))
-        .unwrap();
+on_every_engine! {
+    fn oversize_response_is_refused_and_the_claim_stays_held(b: Backend) {
+        let f = Fixture::new(b);
+        let store = f.backend.open(
+            Store::builder()
+                .max_response_bytes(1024)
+                .clock(f.clock.clone()),
+        );
+        let t = acquire(&store, &pay(), "k1", "a");
+        let err = store
+            .complete(t, Response::new(200, vec![0u8; 2000]))
+            .unwrap_err();
+        assert!(err.to_string().contains("1024"), "{err}");
+        let Error::ResponseTooLarge {
+            limit: 1024,
+            ticket: Some(t),
+            ..
+        } = err
+        else {
+            panic!("{err:?}")
+        };
+        assert_in_progress(store.claim(&pay(), "k1", fp("a")).unwrap());
+        let t = *t;
+        store
+            .complete(t, Response::new(200, vec![0u8; 900]))
+            .unwrap();
+    }
 }
 
 // 12. A corrupt record refuses the open, naming the key.
@@ -625,7 +657,7 @@ fn oversize_response_is_refused_and_the_claim_stays_held() {
 /// Completes one record, flips one bit of it at `at(value length)`, and opens the store, which
 /// must refuse with `Corrupted`; returns what the error says.
 fn open_after_damage(at: impl Fn(usize) -> usize) -> (Damaged, String) {
-    let f = Fixture::new();
+    let f = Fixture::file();
     let store = f.open();
     let t = acquire(&store, &pay(), "victim-key", "a");
     store.complete(t, Response::new(200, "paid")).unwrap();
@@ -673,7 +705,7 @@ fn corrupt_record_whose_key_is_damaged_names_its_place() {
 
 #[test]
 fn a_second_open_of_the_same_file_is_refused() {
-    let f = Fixture::new();
+    let f = Fixture::file();
     let _store = f.open();
     match Store::open(&f.path) {
         Err(Error::AlreadyOpen) => {}
@@ -683,7 +715,7 @@ fn a_second_open_of_the_same_file_is_refused() {
 
 #[test]
 fn a_file_that_is_not_a_store_is_refused() {
-    let f = Fixture::new();
+    let f = Fixture::file();
     std::fs::write(&f.path, b"this is not a redb file, just some text").unwrap();
     assert!(Store::open(&f.path).is_err());
 }
@@ -716,7 +748,7 @@ fn flip_a_bit_in_every_record(path: &std::path::Path, at: impl Fn(usize) -> usiz
 
 #[test]
 fn creating_a_store_leaves_only_the_store_file_and_its_journal() {
-    let f = Fixture::new();
+    let f = Fixture::file();
     drop(f.open());
     let mut names: Vec<_> = std::fs::read_dir(f.path.parent().unwrap())
         .unwrap()
@@ -732,7 +764,7 @@ fn creating_a_store_leaves_only_the_store_file_and_its_journal() {
 /// claims would repeat every payment the lost one held).
 #[test]
 fn an_empty_store_file_is_refused_and_left_as_it_is() {
-    let f = Fixture::new();
+    let f = Fixture::file();
     std::fs::File::create(&f.path).unwrap();
     match Store::open(&f.path) {
         Err(Error::Corrupted {
@@ -757,7 +789,7 @@ fn idemdb_journal(store: &std::path::Path) -> PathBuf {
 /// it into place; a leftover temporary file from such a crash does not get in the way.
 #[test]
 fn a_crash_during_creation_leaves_no_half_made_store() {
-    let f = Fixture::new();
+    let f = Fixture::file();
     let stray = f.path.with_file_name("store.idem.creating-4242-17");
     std::fs::write(&stray, vec![0u8; 4096]).unwrap();
     let store = f.open();
@@ -776,7 +808,7 @@ fn a_crash_during_creation_leaves_no_half_made_store() {
 /// and when the journal is turned off. Opening anyway would silently drop the completion below.
 #[test]
 fn a_store_refuses_to_open_without_the_journal_its_file_names() {
-    let f = Fixture::new();
+    let f = Fixture::file();
     let store = f.open();
     let t = acquire(&store, &pay(), "journaled", "a");
     store.complete(t, Response::new(200, "paid")).unwrap();
@@ -841,7 +873,7 @@ fn open_copy(f: &Fixture, copy: &std::path::Path) -> idemdb::Result<Store> {
 /// claim of a completed key was `Acquired`: the payment ran again.
 #[test]
 fn a_truncated_journal_refuses_the_open_instead_of_losing_completions() {
-    let f = Fixture::new();
+    let f = Fixture::file();
     let copy = f.path.with_file_name("copy.idem");
     let _store = completed_then_copied(&f, 5, &copy);
     let journal = idemdb_journal(&copy);
@@ -870,7 +902,7 @@ fn a_truncated_journal_refuses_the_open_instead_of_losing_completions() {
 /// acknowledged entry after it.
 #[test]
 fn a_damaged_journal_entry_before_intact_ones_refuses_the_open() {
-    let f = Fixture::new();
+    let f = Fixture::file();
     let copy = f.path.with_file_name("copy.idem");
     let _store = completed_then_copied(&f, 5, &copy);
     let journal = idemdb_journal(&copy);
@@ -891,8 +923,8 @@ fn a_damaged_journal_entry_before_intact_ones_refuses_the_open() {
 /// response it never stored.
 #[test]
 fn another_stores_journal_is_refused_never_replayed() {
-    let f = Fixture::new();
-    let g = Fixture::new();
+    let f = Fixture::file();
+    let g = Fixture::file();
     let mine = f.path.with_file_name("mine.idem");
     let theirs = g.path.with_file_name("theirs.idem");
     let _a = completed_then_copied(&f, 3, &mine);
@@ -913,7 +945,7 @@ fn another_stores_journal_is_refused_never_replayed() {
 /// journal holds of a later epoch into it, or skipping it, loses acknowledged writes. Refused.
 #[test]
 fn a_store_file_older_than_its_journal_is_refused() {
-    let f = Fixture::new();
+    let f = Fixture::file();
     let backup = f.path.with_file_name("backup.idem");
     drop(completed_then_copied(&f, 2, &backup));
     let old_store = std::fs::read(&f.path).unwrap();
@@ -942,7 +974,7 @@ fn a_meta_table_that_lost_a_value_is_refused_not_defaulted() {
         "fence_reserved",
         "journal_bytes",
     ] {
-        let f = Fixture::new();
+        let f = Fixture::file();
         drop(f.open());
         {
             let db = redb::Database::open(&f.path).unwrap();

@@ -3,55 +3,23 @@
 
 use crate::claim::{Resolution, StaleClaim};
 use crate::clock::{duration_millis, from_millis};
-use crate::commit::Seq;
-use crate::disk::{self, Gone, Op};
 use crate::error::{Error, Result};
-use crate::index::{IndexKey, KeyHash, Slot, SlotState};
+use crate::file::commit::Seq;
+use crate::file::disk::{self, Gone, Op};
+use crate::file::index::{IndexKey, KeyHash, Slot, SlotState};
+use crate::file::store::FileStore;
 use crate::record::{response_size, Record, RecordState};
 use crate::scope::split_scoped_key;
 use crate::stats::Counters;
-use crate::store::Store;
 
 /// How many expiry entries one purge round reads at a time.
 const PURGE_CHUNK: usize = 4096;
 
-impl Store {
-    /// Hands every stale claim to `resolver` and applies its decision: claims whose lease ran
-    /// out, and every claim a previous process left (an orphan, stale at once whatever its
-    /// lease says, since its holder is gone). Returns how many were released or completed.
-    ///
-    /// Reaping is how a crash between the side effect and `complete` is repaired: the resolver
-    /// asks the downstream system whether the effect happened (complete with the response it
-    /// should have had) or not (release, so the retry executes).
-    ///
-    /// ```
-    /// use idemdb::{Claim, Fingerprint, ManualClock, Resolution, Scope, Store};
-    /// use std::time::Duration;
-    /// let clock = ManualClock::new();
-    /// let store = Store::builder().lease(Duration::from_secs(60)).clock(clock.clone()).in_memory()?;
-    /// let scope = Scope::new("t", "POST /x");
-    /// let Claim::Acquired(ticket) = store.claim(&scope, "k1", Fingerprint::of(b"x"))? else { panic!() };
-    /// drop(ticket); // as if the handler crashed
-    /// clock.advance(Duration::from_secs(61));
-    /// let resolved = store.reap(|stale| {
-    ///     assert_eq!(stale.key, "k1");
-    ///     Resolution::Release
-    /// })?;
-    /// assert_eq!(resolved, 1);
-    /// assert!(matches!(store.claim(&scope, "k1", Fingerprint::of(b"x"))?, Claim::Acquired(_)));
-    /// # Ok::<(), idemdb::Error>(())
-    /// ```
-    ///
-    /// # Concurrency
-    /// The resolver runs with no lock held, so it may take its time and may call the store. A
-    /// claim that changes while the resolver runs (taken over, extended, completed) is left as
-    /// it is and not counted. The holder of a reaped claim gets [`Error::LeaseLost`] from its
-    /// next `complete`, `release` or `extend`.
-    ///
-    /// # Errors
-    /// [`Error::ResponseTooLarge`] if the resolver returns an oversize response (claims resolved
-    /// before it stay resolved and durable); [`Error::Halted`] / [`Error::Io`] if a commit fails.
-    pub fn reap(&self, mut resolver: impl FnMut(&StaleClaim) -> Resolution) -> Result<usize> {
+impl FileStore {
+    pub(crate) fn reap(
+        &self,
+        mut resolver: impl FnMut(&StaleClaim) -> Resolution,
+    ) -> Result<usize> {
         let inner = &*self.inner;
         inner.pipeline.check()?;
         let now = self.now();
@@ -183,18 +151,7 @@ impl Store {
         }
     }
 
-    /// Deletes every record whose TTL ran out, oldest first, and returns how many. The cost is
-    /// proportional to what expired (an ordered expiry table is scanned up to now), not to the
-    /// size of the store. Expired records are already invisible to every read; purging frees
-    /// their space.
-    ///
-    /// # Concurrency
-    /// Runs alongside claims. A key re-claimed after it expired is left to its new claim.
-    ///
-    /// # Errors
-    /// [`Error::Halted`] / [`Error::Io`] if a commit fails; [`Error::Corrupted`] for a damaged
-    /// expiry entry.
-    pub fn purge_expired(&self) -> Result<usize> {
+    pub(crate) fn purge_expired(&self) -> Result<usize> {
         let inner = &*self.inner;
         inner.pipeline.check()?;
         let mut purged = 0;

@@ -3,12 +3,12 @@
 //! order makes every acknowledged operation reappear.
 
 use crate::config::{Config, PageCheck};
-use crate::disk;
 use crate::error::{Damaged, Error, Result};
-use crate::index::Index;
-use crate::journal::{self, Journal};
-use crate::platform;
-use crate::store::Store;
+use crate::file::disk;
+use crate::file::index::Index;
+use crate::file::journal::{self, Journal};
+use crate::file::platform;
+use crate::file::store::FileStore;
 use std::path::Path;
 
 /// redb's page cache while a store opens: the scan reads every page once, and filling a large
@@ -23,7 +23,7 @@ const DEFAULT_JOURNAL_BYTES: u64 = 16 << 20;
 const SIMULATED_JOURNAL_BYTES: u64 = 64 << 10;
 
 /// Opens (or creates) the store file at `path` and its journal beside it.
-pub(crate) fn file(config: Config, path: &Path) -> Result<Store> {
+pub(crate) fn file(config: Config, path: &Path) -> Result<FileStore> {
     if !path.try_exists()? {
         create_atomically(path)?;
     }
@@ -57,7 +57,7 @@ pub(crate) fn file(config: Config, path: &Path) -> Result<Store> {
 }
 
 /// A store held in memory: no journal, every batch a (memory-)durable redb commit.
-pub(crate) fn in_memory(config: Config) -> Result<Store> {
+pub(crate) fn in_memory(config: Config) -> Result<FileStore> {
     contain_panics(|| {
         let db = Guarded::new(
             redb::Builder::new()
@@ -71,7 +71,7 @@ pub(crate) fn in_memory(config: Config) -> Result<Store> {
 
 /// A store on the simulated disk of the crash tests.
 #[cfg(any(test, fuzzing, feature = "simulation"))]
-pub(crate) fn simulated(config: Config, disk: &crate::simulation::SimDisk) -> Result<Store> {
+pub(crate) fn simulated(config: Config, disk: &crate::simulation::SimDisk) -> Result<FileStore> {
     contain_panics(|| {
         let open = |cache, check| -> Result<redb::Database> {
             Ok(redb::Builder::new()
@@ -150,7 +150,7 @@ fn start(
     file_bytes: u64,
     reopen: Option<&dyn Fn(usize, bool) -> Result<redb::Database>>,
     journal: Option<JournalSource>,
-) -> Result<Store> {
+) -> Result<FileStore> {
     let meta = disk::meta(&db)?;
     let mut reserved = meta.fence_reserved;
     let journal = match journal {
@@ -172,7 +172,7 @@ fn start(
         }
         None => db,
     };
-    Ok(Store::assemble(
+    Ok(FileStore::assemble(
         config,
         index,
         db.into_inner(),
@@ -249,7 +249,7 @@ fn load_index(
 /// A read past the end of the file during the open, or data the storage engine finds invalid,
 /// is damage too (a file cut short of what its own pages say, a page that lies), and is
 /// reported as such rather than as an I/O error.
-fn contain_panics(open: impl FnOnce() -> Result<Store>) -> Result<Store> {
+fn contain_panics(open: impl FnOnce() -> Result<FileStore>) -> Result<FileStore> {
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(open)) {
         Err(panic) => Err(crate::error::storage_panic(panic)),
         Ok(Err(Error::Io(e))) if e.kind() == std::io::ErrorKind::UnexpectedEof => {

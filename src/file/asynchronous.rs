@@ -12,28 +12,16 @@
 
 use crate::claim::{Claim, Ticket};
 use crate::error::Result;
+use crate::file::store::{Attempt, FileStore};
 use crate::fingerprint::Fingerprint;
 use crate::response::Response;
 use crate::scope::Scope;
 use crate::stats::Counters;
-use crate::store::{Attempt, Store};
 use crate::sync::Ordering;
 use std::time::Duration;
 
-impl Store {
-    /// [`Store::claim`], awaiting the claim's fsync instead of blocking on it.
-    ///
-    /// # Cancellation
-    /// A claim nobody received cannot have started a side effect, so it never holds the key:
-    /// if the future is dropped before it returns (a client hung up, a timeout fired, a
-    /// `select!` took another branch), a claim it acquired is released at once (the release is
-    /// committed in the background), and the next claim of the key is `Acquired`. A dropped
-    /// takeover is not released, since the attempt it replaced may have acted: its lease ends
-    /// at once, so the next claim takes the key over again, with the takeover flag.
-    ///
-    /// # Errors
-    /// As [`Store::claim`].
-    pub async fn claim_async(
+impl FileStore {
+    pub(crate) async fn claim_async(
         &self,
         scope: &Scope,
         key: &str,
@@ -56,36 +44,21 @@ impl Store {
         }
     }
 
-    /// [`Store::complete`], awaiting the completion's fsync instead of blocking on it.
-    ///
-    /// # Cancellation
-    /// Dropping the future after the completion was queued does not undo it: it lands.
-    ///
-    /// # Errors
-    /// As [`Store::complete`].
-    pub async fn complete_async(&self, ticket: Ticket, response: Response) -> Result<()> {
+    pub(crate) async fn complete_async(&self, ticket: Ticket, response: Response) -> Result<()> {
         let (seq, ticket) = self.complete_start(ticket, response)?;
         self.inner.pipeline.durable(seq).await?;
         self.complete_finish(&ticket);
         Ok(())
     }
 
-    /// [`Store::release`], awaiting the fsync instead of blocking on it.
-    ///
-    /// # Errors
-    /// As [`Store::release`].
-    pub async fn release_async(&self, mut ticket: Ticket) -> Result<()> {
+    pub(crate) async fn release_async(&self, mut ticket: Ticket) -> Result<()> {
         let seq = self.release_start(&mut ticket)?;
         self.inner.pipeline.durable(seq).await?;
         Counters::bump(&self.inner.counters.releases, 1);
         Ok(())
     }
 
-    /// [`Store::extend`], awaiting the fsync instead of blocking on it.
-    ///
-    /// # Errors
-    /// As [`Store::extend`].
-    pub async fn extend_async(&self, ticket: &Ticket, by: Duration) -> Result<()> {
+    pub(crate) async fn extend_async(&self, ticket: &Ticket, by: Duration) -> Result<()> {
         let (seq, lease_until) = self.extend_start(ticket, by)?;
         self.inner.pipeline.durable(seq).await?;
         ticket.lease_until.store(lease_until, Ordering::Relaxed);
@@ -96,7 +69,7 @@ impl Store {
 /// An acquired claim on its way to the caller: withdrawn if the future carrying it is dropped
 /// (or fails) before the caller receives the ticket.
 struct Unreceived<'s> {
-    store: &'s Store,
+    store: &'s FileStore,
     ticket: Option<Ticket>,
 }
 

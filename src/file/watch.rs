@@ -14,9 +14,9 @@
 
 use crate::config::StalePolicy;
 use crate::error::Result;
-use crate::index::{KeyHash, SlotState};
+use crate::file::index::{KeyHash, SlotState};
+use crate::file::store::FileStore;
 use crate::scope::Scope;
-use crate::store::Store;
 use crate::sync::{Arc, AtomicU64, Mutex, Ordering};
 use crate::timer::{far_future, sleep_until, Delay};
 use std::future::Future;
@@ -110,13 +110,13 @@ enum Seen {
 
 /// One waiter's registration; removed when dropped.
 struct Watch<'s> {
-    store: &'s Store,
+    store: &'s FileStore,
     hash: KeyHash,
     id: u64,
 }
 
 impl<'s> Watch<'s> {
-    fn new(store: &'s Store, hash: KeyHash) -> Watch<'s> {
+    fn new(store: &'s FileStore, hash: KeyHash) -> Watch<'s> {
         let id = store.inner.watchers.next_id.fetch_add(1, Ordering::Relaxed);
         Watch { store, hash, id }
     }
@@ -129,7 +129,7 @@ impl<'s> Watch<'s> {
         inner.pipeline.check()?;
         let now = store.now();
         let stripe = inner.index.lock(&self.hash);
-        let seen = match stripe.get(&self.hash).map(crate::index::Slot::state) {
+        let seen = match stripe.get(&self.hash).map(crate::file::index::Slot::state) {
             None => Seen::Free,
             Some(SlotState::Completed { durable: true, .. }) => Seen::Free,
             Some(SlotState::Completed { expires_at, .. }) if now >= expires_at => Seen::Free,
@@ -187,46 +187,8 @@ impl Wake for Unpark {
     }
 }
 
-impl Store {
-    /// Blocks until no claim holds `key` in `scope`, or `timeout` passes: until a claim of the
-    /// key would no longer answer [`crate::Claim::InProgress`]. Returns `true` once the holder
-    /// completed (and the completion is durable), released, was reaped or withdrawn, or its
-    /// lease ran out (under [`StalePolicy::TakeOver`]; under [`StalePolicy::Keep`] a stale
-    /// claim holds the key until it is reaped); `false` if `timeout` passed first. Returns at
-    /// once if nothing holds the key.
-    ///
-    /// It wakes as soon as the change happens, not at a polling interval: a duplicate that
-    /// waits for an in-flight request gets its replay within microseconds of the completion's
-    /// fsync. Lease ends are read from the store's [`crate::Clock`] (a
-    /// [`crate::ManualClock`] moved by a test wakes the waiter); `timeout` is real time.
-    ///
-    /// ```
-    /// use idemdb::{Claim, Fingerprint, Response, Scope, Store};
-    /// use std::time::Duration;
-    /// let store = Store::in_memory()?;
-    /// let scope = Scope::new("tenant_42", "POST /v1/payments");
-    /// let fp = Fingerprint::of(b"{}");
-    /// let Claim::Acquired(ticket) = store.claim(&scope, "k1", fp)? else { unreachable!() };
-    /// let finisher = {
-    ///     let store = store.clone();
-    ///     std::thread::spawn(move || store.complete(ticket, Response::new(201, "done")))
-    /// };
-    /// // A duplicate waits for the first attempt instead of answering 409 at once.
-    /// assert!(store.wait(&scope, "k1", Duration::from_secs(10))?);
-    /// assert!(matches!(store.claim(&scope, "k1", fp)?, Claim::Replay(_)));
-    /// finisher.join().unwrap()?;
-    /// # Ok::<(), idemdb::Error>(())
-    /// ```
-    ///
-    /// # Concurrency
-    /// Any number of threads may wait on one key. `true` says the key was free at one moment;
-    /// another claim may acquire it before the caller claims again, so callers loop: claim,
-    /// and on `InProgress` wait again within what is left of their budget.
-    ///
-    /// # Errors
-    /// [`crate::Error::InvalidKey`] / [`crate::Error::InvalidScope`] for bad input;
-    /// [`crate::Error::Halted`] if the store halted (also while waiting).
-    pub fn wait(&self, scope: &Scope, key: &str, timeout: Duration) -> Result<bool> {
+impl FileStore {
+    pub(crate) fn wait(&self, scope: &Scope, key: &str, timeout: Duration) -> Result<bool> {
         let key = self.claim_key(scope, key)?;
         let deadline = Instant::now()
             .checked_add(timeout)
@@ -246,19 +208,7 @@ impl Store {
         }
     }
 
-    /// [`Store::wait`] without blocking the thread: the future is woken by the change itself,
-    /// or by a timer (one `idemdb-timer` thread per process) at the deadline or the lease's
-    /// end. Any executor works.
-    ///
-    /// The input is checked, and the timeout starts, when this is called; the future borrows
-    /// only the store.
-    ///
-    /// # Cancellation
-    /// Dropping the future removes the waiter; nothing else happens.
-    ///
-    /// # Errors
-    /// As [`Store::wait`].
-    pub fn wait_async(
+    pub(crate) fn wait_async(
         &self,
         scope: &Scope,
         key: &str,

@@ -4,7 +4,7 @@
 //! `docs/format.md` documents every byte.
 
 use crate::error::{Damaged, Error, Result};
-use crate::index::{Index, KeyHash, Slot, SlotState};
+use crate::file::index::{Index, KeyHash, Slot, SlotState};
 use crate::record::{Head, HeadState, Record};
 use crate::scope::display_scoped_key;
 use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};

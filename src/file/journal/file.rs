@@ -1,8 +1,8 @@
 //! The journal's file: `<store file>-journal`, beside the store, read and written at offsets
-//! through [`crate::platform`].
+//! through [`crate::file::platform`].
 
 use crate::error::Result;
-use crate::platform;
+use crate::file::platform;
 use std::path::{Path, PathBuf};
 
 /// Where a store's journal lives: `<store file>-journal`, beside it.

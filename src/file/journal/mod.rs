@@ -40,8 +40,8 @@
 
 pub(crate) mod file;
 
-use crate::disk::{write_batch, Commit, Gone, Op};
 use crate::error::{Damaged, Error, Result};
+use crate::file::disk::{write_batch, Commit, Gone, Op};
 use redb::StorageBackend;
 
 const ENTRY_MAGIC: [u8; 4] = *b"IDJ2";

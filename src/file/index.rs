@@ -29,6 +29,12 @@ pub(crate) struct KeyHash {
     hi: u64,
 }
 
+impl KeyHash {
+    /// The hash of a key on an engine without an index (PostgreSQL): never looked up.
+    #[cfg(feature = "postgres")]
+    pub(crate) const UNHASHED: KeyHash = KeyHash { lo: 0, hi: 0 };
+}
+
 impl Hash for KeyHash {
     fn hash<H: Hasher>(&self, state: &mut H) {
         state.write_u64(self.lo);

@@ -17,9 +17,9 @@
 //!   acknowledged again until the store is reopened (fail-stop; redb also refuses further writes
 //!   after an I/O error).
 
-use crate::disk::{write_batch, Commit, Op};
 use crate::error::{Error, Result};
-use crate::journal::{Appended, Journal};
+use crate::file::disk::{write_batch, Commit, Op};
+use crate::file::journal::{Appended, Journal};
 use crate::sync::{Arc, AtomicBool, AtomicU64, Condvar, Mutex, MutexGuard, Ordering};
 use redb::Database;
 use std::future::Future;

@@ -1,0 +1,17 @@
+//! The file engine: one process owns one redb file. Decisions come from a lock-striped index in
+//! memory; writes go through a group-commit pipeline that makes each batch durable with one
+//! journal append and one `fdatasync`, and applies it to redb. `docs/design.md` has the whole
+//! argument.
+
+pub(crate) mod asynchronous;
+pub(crate) mod commit;
+pub(crate) mod disk;
+pub(crate) mod index;
+pub(crate) mod journal;
+pub(crate) mod maintenance;
+pub(crate) mod open;
+pub(crate) mod platform;
+pub(crate) mod store;
+pub(crate) mod watch;
+
+pub(crate) use store::FileStore;

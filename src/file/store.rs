@@ -1,0 +1,633 @@
+//! The file engine's claim, complete, release, extend and inspection. Opening it is `open.rs`;
+//! reaping and purging are `maintenance.rs`; waiting for a claim to end is `watch.rs`; the
+//! async forms are `asynchronous.rs`. What each operation promises is documented once, on the
+//! public [`crate::Store`].
+
+use crate::claim::{Claim, Entry, EntryState, Holder, Takeover, Ticket};
+use crate::clock::{duration_millis, from_millis, to_millis};
+use crate::config::{Config, StalePolicy};
+use crate::error::{Damaged, Error, Result};
+use crate::file::commit::{Pipeline, Seq};
+use crate::file::disk::{self, Gone, Op};
+use crate::file::index::{Index, IndexKey, Slot, SlotState, Tag};
+use crate::file::journal::Journal;
+use crate::file::watch::Watchers;
+use crate::fingerprint::Fingerprint;
+use crate::record::RecordState as Stored;
+use crate::record::{response_size, Record, RecordState};
+use crate::replay_cache::{Cached, ReplayCache};
+use crate::response::Response;
+use crate::scope::{display_scoped_key, scoped_key, Scope};
+use crate::stats::{Counters, Stats};
+use crate::sync::{Arc, AtomicU64, Ordering};
+use std::time::Duration;
+
+/// The file engine: one process owns one redb file, with its index in memory.
+#[derive(Clone, Debug)]
+pub(crate) struct FileStore {
+    pub(crate) inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Inner {
+    pub(crate) index: Index,
+    pub(crate) pipeline: Arc<Pipeline>,
+    pub(crate) config: Config,
+    pub(crate) counters: Counters,
+    replays: ReplayCache,
+    next_fence: AtomicU64,
+    pub(crate) watchers: Arc<Watchers>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.pipeline.close();
+    }
+}
+
+/// How far one claim attempt got.
+pub(crate) enum Attempt {
+    /// Decided from the index (or a replay read): nothing to wait for.
+    Answer(Claim),
+    /// A replay's record changed under it: look again.
+    Again,
+    /// Acquired: the claim's write is queued; the ticket is the caller's once it is durable.
+    Queued(Seq, Ticket),
+}
+
+impl FileStore {
+    /// A store over `db`, whose records `index` was built from. Fences start above
+    /// `high_fence`; `reserved` is the reservation the file holds.
+    pub(crate) fn assemble(
+        config: Config,
+        index: Index,
+        db: redb::Database,
+        reserved: u64,
+        high_fence: u64,
+        journal: Option<Journal>,
+    ) -> FileStore {
+        let watchers = Arc::new(Watchers::default());
+        let on_halt = {
+            let watchers = Arc::clone(&watchers);
+            Box::new(move || watchers.notify_all())
+        };
+        FileStore {
+            inner: Arc::new(Inner {
+                index,
+                pipeline: Arc::new(Pipeline::new(db, reserved, journal, on_halt)),
+                watchers,
+                replays: ReplayCache::new(config.replay_cache_bytes),
+                config,
+                counters: Counters::default(),
+                next_fence: AtomicU64::new(high_fence + 1),
+            }),
+        }
+    }
+
+    pub(crate) fn now(&self) -> u64 {
+        to_millis(self.inner.config.clock.now())
+    }
+
+    pub(crate) fn claim(
+        &self,
+        scope: &Scope,
+        key: &str,
+        fingerprint: Fingerprint,
+    ) -> Result<Claim> {
+        let key = self.claim_key(scope, key)?;
+        loop {
+            match self.claim_start(&key, fingerprint)? {
+                Attempt::Answer(claim) => return Ok(claim),
+                Attempt::Again => continue,
+                Attempt::Queued(seq, ticket) => {
+                    self.inner.pipeline.wait(seq)?;
+                    return Ok(self.claim_finish(ticket));
+                }
+            }
+        }
+    }
+
+    pub(crate) fn claim_key(&self, scope: &Scope, key: &str) -> Result<IndexKey> {
+        self.inner.pipeline.check()?;
+        Ok(self.inner.index.key(scoped_key(scope, key)?))
+    }
+
+    pub(crate) fn claim_finish(&self, ticket: Ticket) -> Claim {
+        let c = &self.inner.counters;
+        Counters::bump(&c.acquired, 1);
+        if ticket.takeover.is_some() {
+            Counters::bump(&c.takeovers, 1);
+        }
+        Claim::Acquired(ticket)
+    }
+
+    /// One attempt, up to queueing the claim's write.
+    pub(crate) fn claim_start(&self, key: &IndexKey, fingerprint: Fingerprint) -> Result<Attempt> {
+        let inner = &*self.inner;
+        let c = &inner.counters;
+        let now = self.now();
+        let tag = inner.index.tag(&fingerprint);
+        let stripe = inner.index.lock(&key.hash);
+        let replaces = match stripe.get(&key.hash) {
+            None => None,
+            Some(slot) => match slot.state() {
+                SlotState::Completed { expires_at, .. } if now >= expires_at => {
+                    Some(Gone::of(slot))
+                }
+                _ if slot.tag() != tag => {
+                    Counters::bump(&c.mismatches, 1);
+                    let completed = matches!(slot.state(), SlotState::Completed { .. });
+                    return Ok(Attempt::Answer(Claim::Mismatch { completed }));
+                }
+                SlotState::Completed { durable: false, .. } => {
+                    return Ok(Attempt::Answer(self.in_progress(Duration::ZERO, false)));
+                }
+                SlotState::Completed { durable: true, .. } => {
+                    let fence = slot.fence();
+                    drop(stripe);
+                    return self.replay(key, fence, fingerprint);
+                }
+                SlotState::InProgress {
+                    lease_until,
+                    orphan,
+                } => {
+                    if now < lease_until {
+                        let left = Duration::from_millis(lease_until - now);
+                        return Ok(Attempt::Answer(self.in_progress(left, orphan)));
+                    }
+                    if inner.config.stale_policy == StalePolicy::Keep {
+                        return Ok(Attempt::Answer(self.in_progress(Duration::ZERO, false)));
+                    }
+                    let seen = slot.clone();
+                    drop(stripe);
+                    return self.take_over(key, fingerprint, tag, &seen);
+                }
+            },
+        };
+        self.acquire(key, fingerprint, tag, stripe, None, replaces)
+    }
+
+    /// Queues a new claim of `key`; the stripe lock is held from the decision until the claim
+    /// is in the index and the queue.
+    fn acquire(
+        &self,
+        key: &IndexKey,
+        fingerprint: Fingerprint,
+        tag: Tag,
+        mut stripe: crate::sync::MutexGuard<'_, crate::file::index::Stripe>,
+        takeover: Option<Takeover>,
+        replaces: Option<Gone>,
+    ) -> Result<Attempt> {
+        let inner = &*self.inner;
+        let now = self.now();
+        let fence = inner.next_fence.fetch_add(1, Ordering::Relaxed);
+        let lease_until = now.saturating_add(duration_millis(inner.config.lease));
+        let record = Record {
+            fence,
+            fingerprint: *fingerprint.as_bytes(),
+            claimed_at: now,
+            state: RecordState::InProgress { lease_until },
+        };
+        let seq = inner.pipeline.enqueue(Op::Put {
+            fence,
+            key: key.bytes.clone(),
+            value: record.encode(&key.bytes),
+            expiry: None,
+            replaces,
+        })?;
+        let state = SlotState::InProgress {
+            lease_until,
+            orphan: false,
+        };
+        stripe.insert(key.hash, Slot::new(fence, tag, state));
+        drop(stripe);
+        let ticket = Ticket {
+            holder: Holder::File(Arc::downgrade(&self.inner)),
+            key: key.clone(),
+            fence,
+            fingerprint,
+            claimed_at: now,
+            lease_until: AtomicU64::new(lease_until),
+            takeover,
+        };
+        Ok(Attempt::Queued(seq, ticket))
+    }
+
+    /// Takes over the stale claim `seen`. Its record is read first, with no lock held: it is
+    /// the proof that the claim is this key's, the full fingerprint to compare, and the claim
+    /// time the new ticket reports. If the claim changed meanwhile, the caller looks again.
+    fn take_over(
+        &self,
+        key: &IndexKey,
+        fingerprint: Fingerprint,
+        tag: Tag,
+        seen: &Slot,
+    ) -> Result<Attempt> {
+        let Some(previous) = self.record_at(key, seen.fence())? else {
+            return Ok(Attempt::Again);
+        };
+        if previous.fingerprint() != fingerprint {
+            Counters::bump(&self.inner.counters.mismatches, 1);
+            return Ok(Attempt::Answer(Claim::Mismatch { completed: false }));
+        }
+        let stripe = self.inner.index.lock(&key.hash);
+        if stripe.get(&key.hash) != Some(seen) {
+            return Ok(Attempt::Again);
+        }
+        let SlotState::InProgress { orphan, .. } = seen.state() else {
+            unreachable!("only an in-progress claim is taken over")
+        };
+        let takeover = Takeover {
+            previous_fence: seen.fence(),
+            previous_claimed_at: from_millis(previous.claimed_at),
+            orphan,
+        };
+        self.acquire(
+            key,
+            fingerprint,
+            tag,
+            stripe,
+            Some(takeover),
+            Some(Gone::of(seen)),
+        )
+    }
+
+    /// An `InProgress` answer. `lease_remaining` is zero when no live lease bounds the wait (a
+    /// completion being made durable, or a stale claim kept for the reaper): the hint stands
+    /// alone then. When the holder is gone (`orphan`: its ticket was dropped, or its process
+    /// died) nothing but the lease's end (or a reap) frees the key, so the honest retry time
+    /// is the lease's end, not the short hint.
+    fn in_progress(&self, lease_remaining: Duration, orphan: bool) -> Claim {
+        Counters::bump(&self.inner.counters.in_progress, 1);
+        let hint = self.inner.config.retry_after;
+        let retry_after = if lease_remaining.is_zero() {
+            hint
+        } else if orphan {
+            lease_remaining
+        } else {
+            hint.min(lease_remaining)
+        };
+        Claim::InProgress {
+            retry_after,
+            lease_remaining,
+        }
+    }
+
+    /// Reads a completed record's response. The index said `fence` is completed and durable
+    /// and its fingerprint tag matched; the full fingerprint is compared here. If the disk now
+    /// holds another record (expired and re-claimed meanwhile) the claim looks again.
+    fn replay(&self, key: &IndexKey, fence: u64, fingerprint: Fingerprint) -> Result<Attempt> {
+        let c = &self.inner.counters;
+        if let Some(hit) = self.inner.replays.get(fence) {
+            if hit.key == key.bytes {
+                return Ok(if hit.fingerprint != fingerprint {
+                    Counters::bump(&c.mismatches, 1);
+                    Attempt::Answer(Claim::Mismatch { completed: true })
+                } else {
+                    Counters::bump(&c.replays, 1);
+                    Attempt::Answer(Claim::Replay(hit.response.clone()))
+                });
+            }
+        }
+        Ok(match self.record_at(key, fence)? {
+            Some(record) if record.fingerprint() != fingerprint => {
+                Counters::bump(&c.mismatches, 1);
+                Attempt::Answer(Claim::Mismatch { completed: true })
+            }
+            Some(Record {
+                state: Stored::Completed { response, .. },
+                ..
+            }) => {
+                Counters::bump(&c.replays, 1);
+                let response = Response::from(response);
+                self.inner.replays.insert(
+                    fence,
+                    Cached {
+                        key: key.bytes.clone(),
+                        fingerprint,
+                        response: response.clone(),
+                    },
+                );
+                Attempt::Answer(Claim::Replay(response))
+            }
+            _ => Attempt::Again,
+        })
+    }
+
+    /// The record the index has for `key` at `fence`, read from the file with no lock held;
+    /// `None` if the index moved on meanwhile (the record was replaced or deleted).
+    ///
+    /// # Errors
+    /// [`Error::Corrupted`] if the record is another key's (a damaged file, or a 128-bit hash
+    /// collision: either way no response crosses keys), or if the index still points at
+    /// `fence` but the file has no record there even after every queued write landed (looking
+    /// again would spin forever).
+    fn record_at(&self, key: &IndexKey, fence: u64) -> Result<Option<Record>> {
+        let inner = &*self.inner;
+        for first in [true, false] {
+            match inner.pipeline.read(|db| disk::read_at(db, fence))? {
+                Some((stored, record)) if stored == key.bytes => return Ok(Some(record)),
+                Some((stored, _)) => {
+                    return Err(Error::Corrupted {
+                        damaged: Damaged::Record {
+                            fence: Some(fence),
+                            key: Some(display_scoped_key(&key.bytes)),
+                        },
+                        reason: format!(
+                            "the index points this key at fence {fence}, whose record is {}'s",
+                            display_scoped_key(&stored)
+                        ),
+                    })
+                }
+                None => {}
+            }
+            let unchanged = inner
+                .index
+                .lock(&key.hash)
+                .get(&key.hash)
+                .is_some_and(|slot| slot.fence() == fence);
+            if !unchanged {
+                return Ok(None);
+            }
+            if first {
+                // A claim's record may still be queued: let every queued write land.
+                inner.pipeline.flush()?;
+            }
+        }
+        Err(Error::Corrupted {
+            damaged: Damaged::Record {
+                fence: Some(fence),
+                key: Some(display_scoped_key(&key.bytes)),
+            },
+            reason: "the index holds this record, the file does not".into(),
+        })
+    }
+
+    pub(crate) fn complete(&self, ticket: Ticket, response: Response) -> Result<()> {
+        let (seq, done) = self.complete_start(ticket, response)?;
+        self.inner.pipeline.wait(seq)?;
+        self.complete_finish(&done);
+        Ok(())
+    }
+
+    /// Queues a completion; [`Store::complete_finish`] once it is durable.
+    pub(crate) fn complete_start(
+        &self,
+        mut ticket: Ticket,
+        response: Response,
+    ) -> Result<(Seq, Ticket)> {
+        let inner = &*self.inner;
+        inner.pipeline.check()?;
+        let size = response_size(&response);
+        if size > inner.config.max_response_bytes {
+            return Err(Error::ResponseTooLarge {
+                size,
+                limit: inner.config.max_response_bytes,
+                ticket: Some(Box::new(ticket)),
+            });
+        }
+        let now = self.now();
+        let expires_at = now.saturating_add(duration_millis(inner.config.ttl));
+        let record = Record {
+            fence: ticket.fence,
+            fingerprint: *ticket.fingerprint.as_bytes(),
+            claimed_at: ticket.claimed_at,
+            state: RecordState::Completed {
+                completed_at: now,
+                expires_at,
+                response: response.into(),
+            },
+        };
+        let value = record.encode(&ticket.key.bytes);
+        let seq = {
+            let mut stripe = inner.index.lock(&ticket.key.hash);
+            let slot = self.held(&mut stripe, &ticket)?;
+            let seq = inner.pipeline.enqueue(Op::Put {
+                fence: ticket.fence,
+                key: ticket.key.bytes.clone(),
+                value,
+                expiry: Some(expires_at),
+                replaces: None,
+            })?;
+            slot.set_state(SlotState::Completed {
+                expires_at,
+                durable: false,
+            });
+            seq
+        };
+        ticket.spend();
+        Ok((seq, ticket))
+    }
+
+    pub(crate) fn complete_finish(&self, ticket: &Ticket) {
+        self.mark_durable(&ticket.key, ticket.fence);
+        Counters::bump(&self.inner.counters.completes, 1);
+    }
+
+    pub(crate) fn release(&self, mut ticket: Ticket) -> Result<()> {
+        let seq = self.release_start(&mut ticket)?;
+        self.inner.pipeline.wait(seq)?;
+        Counters::bump(&self.inner.counters.releases, 1);
+        Ok(())
+    }
+
+    pub(crate) fn release_start(&self, ticket: &mut Ticket) -> Result<Seq> {
+        let inner = &*self.inner;
+        inner.pipeline.check()?;
+        let mut stripe = inner.index.lock(&ticket.key.hash);
+        let gone = Gone::of(self.held(&mut stripe, ticket)?);
+        let seq = inner.pipeline.enqueue(Op::Delete(gone))?;
+        stripe.remove(&ticket.key.hash);
+        inner.watchers.notify(&ticket.key.hash);
+        drop(stripe);
+        ticket.spend();
+        Ok(seq)
+    }
+
+    /// A ticket was dropped unspent: if it still holds its claim, the claim is an orphan now.
+    /// Nothing is written: the claim stays in progress until its lease runs out (the side
+    /// effect may have happened), but `reap` offers it at once and duplicates are told to come
+    /// back when the lease ends.
+    pub(crate) fn holder_gone(&self, key: &IndexKey, fence: u64) {
+        let mut stripe = self.inner.index.lock(&key.hash);
+        if let Some(slot) = stripe.get_mut(&key.hash).filter(|s| s.fence() == fence) {
+            if let SlotState::InProgress { lease_until, .. } = slot.state() {
+                slot.set_state(SlotState::InProgress {
+                    lease_until,
+                    orphan: true,
+                });
+            }
+        }
+    }
+
+    /// Undoes an acquired claim that nobody received (its `claim_async` future was dropped
+    /// before it returned the ticket). No side effect can have started under it, so it must
+    /// not hold the key: a fresh claim is released (its delete is queued behind its put and
+    /// committed in the background). A takeover is not released, since the attempt it replaced
+    /// may have acted: its lease is ended instead, so the next claim takes the key over again
+    /// (and reconciles), or the reaper resolves it.
+    pub(crate) fn withdraw(&self, mut ticket: Ticket) {
+        ticket.spend();
+        let inner = &*self.inner;
+        let mut stripe = inner.index.lock(&ticket.key.hash);
+        let Some(slot) = stripe.get_mut(&ticket.key.hash) else {
+            return;
+        };
+        if slot.fence() != ticket.fence || !matches!(slot.state(), SlotState::InProgress { .. }) {
+            return;
+        }
+        Counters::bump(&inner.counters.withdrawn, 1);
+        if ticket.takeover.is_some() {
+            slot.set_state(SlotState::InProgress {
+                lease_until: self.now(),
+                orphan: true,
+            });
+            inner.watchers.notify(&ticket.key.hash);
+            return;
+        }
+        // After a failed commit the store answers nothing any more: leave it be.
+        if let Ok(seq) = inner.pipeline.enqueue(Op::Delete(Gone::of(slot))) {
+            stripe.remove(&ticket.key.hash);
+            inner.watchers.notify(&ticket.key.hash);
+            drop(stripe);
+            inner.pipeline.commit_soon(seq);
+        }
+    }
+
+    pub(crate) fn extend(&self, ticket: &Ticket, by: Duration) -> Result<()> {
+        let (seq, lease_until) = self.extend_start(ticket, by)?;
+        self.inner.pipeline.wait(seq)?;
+        ticket.lease_until.store(lease_until, Ordering::Relaxed);
+        Ok(())
+    }
+
+    pub(crate) fn extend_start(&self, ticket: &Ticket, by: Duration) -> Result<(Seq, u64)> {
+        let inner = &*self.inner;
+        inner.pipeline.check()?;
+        let lease_until = self.now().saturating_add(duration_millis(by));
+        let record = Record {
+            fence: ticket.fence,
+            fingerprint: *ticket.fingerprint.as_bytes(),
+            claimed_at: ticket.claimed_at,
+            state: RecordState::InProgress { lease_until },
+        };
+        let seq = {
+            let mut stripe = inner.index.lock(&ticket.key.hash);
+            let slot = self.held(&mut stripe, ticket)?;
+            let seq = inner.pipeline.enqueue(Op::Put {
+                fence: ticket.fence,
+                key: ticket.key.bytes.clone(),
+                value: record.encode(&ticket.key.bytes),
+                expiry: None,
+                replaces: None,
+            })?;
+            slot.set_state(SlotState::InProgress {
+                lease_until,
+                orphan: false,
+            });
+            seq
+        };
+        Ok((seq, lease_until))
+    }
+
+    /// Lets claims replay a completion once its batch is fsynced.
+    pub(crate) fn mark_durable(&self, key: &IndexKey, fence: u64) {
+        let mut stripe = self.inner.index.lock(&key.hash);
+        if let Some(slot) = stripe.get_mut(&key.hash).filter(|s| s.fence() == fence) {
+            if let SlotState::Completed { expires_at, .. } = slot.state() {
+                slot.set_state(SlotState::Completed {
+                    expires_at,
+                    durable: true,
+                });
+            }
+        }
+        self.inner.watchers.notify(&key.hash);
+    }
+
+    /// The slot `ticket` holds, or `LeaseLost`.
+    fn held<'s>(
+        &self,
+        stripe: &'s mut crate::file::index::Stripe,
+        ticket: &Ticket,
+    ) -> Result<&'s mut Slot> {
+        let lost = Error::LeaseLost {
+            fence: ticket.fence,
+        };
+        if !matches!(&ticket.holder, Holder::File(issuer) if std::ptr::eq(issuer.as_ptr(), Arc::as_ptr(&self.inner)))
+        {
+            return Err(lost);
+        }
+        match stripe.get_mut(&ticket.key.hash) {
+            Some(slot)
+                if slot.fence() == ticket.fence
+                    && matches!(slot.state(), SlotState::InProgress { .. }) =>
+            {
+                Ok(slot)
+            }
+            _ => Err(lost),
+        }
+    }
+
+    pub(crate) fn get(&self, scope: &Scope, key: &str) -> Result<Option<Entry>> {
+        let inner = &*self.inner;
+        inner.pipeline.check()?;
+        let key = inner.index.key(scoped_key(scope, key)?);
+        loop {
+            let now = self.now();
+            let Some(slot) = inner.index.lock(&key.hash).get(&key.hash).cloned() else {
+                return Ok(None);
+            };
+            if let SlotState::Completed { expires_at, .. } = slot.state() {
+                if now >= expires_at {
+                    return Ok(None);
+                }
+            }
+            let Some(record) = self.record_at(&key, slot.fence())? else {
+                continue;
+            };
+            let (fingerprint, claimed_at) = (record.fingerprint(), record.claimed_at);
+            let state = match (slot.state(), record.state) {
+                (
+                    SlotState::InProgress {
+                        lease_until,
+                        orphan,
+                    },
+                    _,
+                ) => EntryState::InProgress {
+                    lease_deadline: from_millis(lease_until),
+                    orphan,
+                },
+                (SlotState::Completed { durable: false, .. }, _) => EntryState::InProgress {
+                    lease_deadline: from_millis(now),
+                    orphan: false,
+                },
+                (SlotState::Completed { expires_at, .. }, Stored::Completed { response, .. }) => {
+                    EntryState::Completed {
+                        expires_at: from_millis(expires_at),
+                        response: response.into(),
+                    }
+                }
+                // Completed in the index, still in progress in the file: the completion's
+                // write landed between the two reads. Look again.
+                (SlotState::Completed { .. }, Stored::InProgress { .. }) => continue,
+            };
+            return Ok(Some(Entry {
+                fence: slot.fence(),
+                fingerprint,
+                claimed_at: from_millis(claimed_at),
+                state,
+            }));
+        }
+    }
+
+    pub(crate) fn lease_duration(&self) -> Duration {
+        self.inner.config.lease
+    }
+
+    pub(crate) fn stats(&self) -> Stats {
+        let inner = &*self.inner;
+        let live = u64::try_from(inner.index.len()).unwrap_or(u64::MAX);
+        let p = &inner.pipeline;
+        inner.counters.snapshot(p.batches(), p.checkpoints(), live)
+    }
+}

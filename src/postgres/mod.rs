@@ -1,0 +1,1043 @@
+//! The PostgreSQL engine: the same store on a database that many replicas share.
+//!
+//! Every decision is made by the database, in one statement per batch of operations (see
+//! `sql.rs` and `docs/postgres.md`): nothing is decided from memory, because another replica
+//! may have changed the key. The engine runs its connections on a thread of its own (see
+//! `worker.rs`), so blocking callers need no runtime and async callers any executor.
+
+mod schema;
+mod sql;
+mod worker;
+
+use crate::claim::{Claim, Entry, EntryState, Holder, Resolution, StaleClaim, Takeover, Ticket};
+use crate::clock::{duration_millis, from_millis};
+use crate::config::{Config, StalePolicy};
+use crate::error::{Damaged, Error, Result};
+use crate::file::index::{IndexKey, KeyHash};
+use crate::fingerprint::Fingerprint;
+use crate::record::response_size;
+use crate::response::Response;
+use crate::scope::{display_scoped_key, scoped_key, scoped_key_parts, Scope};
+use crate::stats::{Counters, Stats};
+use crate::sync::{Arc, AtomicU64, Ordering};
+use futures_channel::oneshot;
+use std::future::Future;
+use std::task::{Context, Poll, Wake, Waker};
+use std::time::{Duration, Instant, SystemTime};
+use tokio::sync::mpsc;
+use worker::{ClaimParams, ClaimRow, Conn, Held, Job, Pool};
+
+pub(crate) use schema::check_name as check_schema_name;
+
+/// How many stale claims one reap reads at a time, and expired records one purge statement
+/// deletes: bounded, so no statement holds many row locks for long.
+const CHUNK: i64 = 1000;
+
+/// A key as the table's columns.
+#[derive(Debug, Clone)]
+pub(crate) struct Target {
+    pub(crate) tenant: Vec<u8>,
+    pub(crate) endpoint: Vec<u8>,
+    pub(crate) key: String,
+}
+
+impl Target {
+    fn of(scoped: &[u8]) -> Target {
+        let (tenant, endpoint, key) =
+            scoped_key_parts(scoped).expect("a scoped key made by scoped_key splits");
+        Target {
+            tenant: tenant.as_bytes().to_vec(),
+            endpoint: endpoint.as_bytes().to_vec(),
+            key: key.to_owned(),
+        }
+    }
+
+    fn scope(&self) -> Scope {
+        Scope::new(
+            String::from_utf8_lossy(&self.tenant),
+            String::from_utf8_lossy(&self.endpoint),
+        )
+    }
+}
+
+/// The store on PostgreSQL; clones share one engine.
+#[derive(Clone)]
+pub(crate) struct PgStore {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for PgStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgStore")
+            .field("schema", &self.shared.schema)
+            .field("owner", &self.shared.context.params.owner)
+            .field("incarnation", &self.shared.context.params.incarnation)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What tickets point to (weakly): the queue to the engine's thread and the settings.
+pub(crate) struct Shared {
+    jobs: mpsc::UnboundedSender<Job>,
+    context: Arc<worker::Context>,
+    config: Config,
+    schema: String,
+    counters: Counters,
+    thread: parking_lot::Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        // Closing the queue ends the engine's thread once running batches finished; waiting
+        // for it closes the connections before the last `Store` is gone.
+        let (closed, _) = mpsc::unbounded_channel();
+        drop(std::mem::replace(&mut self.jobs, closed));
+        if let Some(thread) = self.thread.lock().take() {
+            if thread.thread().id() != std::thread::current().id() {
+                let _ = thread.join();
+            }
+        }
+    }
+}
+
+impl Shared {
+    fn submit(&self, job: Job) -> Result<()> {
+        self.jobs.send(job).map_err(|_| stopped())
+    }
+
+    /// A ticket of this store was dropped unspent: its claim becomes an orphan (in the
+    /// background; if that fails, the claim stays in progress until its lease ends).
+    pub(crate) fn holder_gone(&self, scoped: &[u8], fence: u64) {
+        let _ = self.submit(Job::Abandon {
+            fenced: (Target::of(scoped), fence_column(fence)),
+        });
+    }
+
+    /// Runs `f` on a pooled connection, in its turn with the batches.
+    fn task<T, F, Fut>(&self, f: F) -> oneshot::Receiver<Result<T>>
+    where
+        T: Send + 'static,
+        F: FnOnce(Arc<Conn>) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<T>> + Send + 'static,
+    {
+        let (tx, rx) = oneshot::channel();
+        let job = Job::Task(Box::new(move |conn| {
+            Box::pin(async move {
+                let result = match conn {
+                    Ok(conn) => f(conn).await,
+                    Err(e) => Err(e),
+                };
+                let _ = tx.send(result);
+            })
+        }));
+        if let Err(mpsc::error::SendError(Job::Task(task))) = self.jobs.send(job) {
+            // The engine stopped: run the task's failure path so the receiver hears why.
+            drop(task);
+        }
+        rx
+    }
+
+    fn adjust(&self) -> Option<i64> {
+        (self.context.adjust)()
+    }
+}
+
+/// The engine's thread stopped (it panicked, or the store is being dropped).
+fn stopped() -> Error {
+    Error::Database {
+        sqlstate: None,
+        reason: "the PostgreSQL engine's thread has stopped".into(),
+    }
+}
+
+/// A client library error as ours.
+pub(crate) fn db_error(e: tokio_postgres::Error) -> Error {
+    let sqlstate = e.code().map(|c| c.code().to_owned());
+    let reason = match e.as_db_error() {
+        Some(db) => format!("{}: {}", db.severity(), db.message()),
+        None => {
+            let mut reason = e.to_string();
+            let mut source = std::error::Error::source(&e);
+            while let Some(s) = source {
+                reason.push_str(": ");
+                reason.push_str(&s.to_string());
+                source = s.source();
+            }
+            reason
+        }
+    };
+    Error::Database { sqlstate, reason }
+}
+
+/// The same database error again, for every caller of a failed batch.
+pub(crate) fn again(e: &Error) -> Error {
+    match e {
+        Error::Database { sqlstate, reason } => Error::Database {
+            sqlstate: sqlstate.clone(),
+            reason: reason.clone(),
+        },
+        other => Error::Database {
+            sqlstate: None,
+            reason: other.to_string(),
+        },
+    }
+}
+
+fn fence_column(fence: u64) -> i64 {
+    i64::try_from(fence).unwrap_or(i64::MAX)
+}
+
+fn fence_of(column: i64) -> u64 {
+    u64::try_from(column).unwrap_or_default()
+}
+
+fn time_of(ms: i64) -> SystemTime {
+    from_millis(u64::try_from(ms).unwrap_or_default())
+}
+
+fn millis_column(d: Duration) -> i64 {
+    i64::try_from(duration_millis(d)).unwrap_or(i64::MAX)
+}
+
+/// The owner name a store gets unless [`crate::StoreBuilder::owner`] names one: unique per
+/// process and connect.
+fn random_owner() -> String {
+    use std::hash::BuildHasher;
+    let noise = std::collections::hash_map::RandomState::new().hash_one(Instant::now());
+    format!("pid{}-{noise:016x}", std::process::id())
+}
+
+/// Connects a store to the database at `url`, creating or checking its schema.
+pub(crate) fn connect(mut config: Config, url: &str) -> Result<PgStore> {
+    let mut pg: tokio_postgres::Config = url.parse().map_err(|e| Error::Database {
+        sqlstate: None,
+        reason: format!("invalid connection string: {e}"),
+    })?;
+    if pg.get_application_name().is_none() {
+        pg.application_name("idemdb");
+    }
+    if pg.get_connect_timeout().is_none() {
+        pg.connect_timeout(Duration::from_secs(10));
+    }
+    let schema = config.schema.clone();
+    let owner = config.owner.take().unwrap_or_else(random_owner);
+    let pool_size = config.pool_size;
+    let adjust = clock_adjustment(&config);
+    let (jobs, queue) = mpsc::unbounded_channel();
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<Arc<worker::Context>>>();
+    let params = ClaimParams {
+        lease_ms: millis_column(config.lease),
+        take_over: config.stale_policy == StalePolicy::TakeOver,
+        owner,
+        incarnation: 0,
+        ttl_ms: millis_column(config.ttl),
+    };
+    let thread = std::thread::Builder::new()
+        .name("idemdb-pg".into())
+        .spawn({
+            let schema = schema.clone();
+            move || {
+                let runtime = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(runtime) => runtime,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(Error::Io(e)));
+                        return;
+                    }
+                };
+                runtime.block_on(async move {
+                    let context = match start(pg, schema, pool_size, params, adjust).await {
+                        Ok(context) => Arc::new(context),
+                        Err(e) => {
+                            let _ = ready_tx.send(Err(e));
+                            return;
+                        }
+                    };
+                    let _ = ready_tx.send(Ok(Arc::clone(&context)));
+                    worker::run(context, queue).await;
+                });
+            }
+        })
+        .map_err(Error::Io)?;
+    let context = match ready_rx.recv() {
+        Ok(result) => result?,
+        Err(_) => return Err(stopped()),
+    };
+    Ok(PgStore {
+        shared: Arc::new(Shared {
+            jobs,
+            context,
+            config,
+            schema,
+            counters: Counters::default(),
+            thread: parking_lot::Mutex::new(Some(thread)),
+        }),
+    })
+}
+
+/// On the engine's thread: checks the server, migrates the schema, takes an incarnation and
+/// opens the first pooled connection.
+async fn start(
+    pg: tokio_postgres::Config,
+    schema: String,
+    pool_size: usize,
+    mut params: ClaimParams,
+    adjust: Box<dyn Fn() -> Option<i64> + Send + Sync>,
+) -> Result<worker::Context> {
+    let (mut client, connection) = pg.connect(tokio_postgres::NoTls).await.map_err(db_error)?;
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    schema::check_durability(&client).await?;
+    schema::migrate(&mut client, &schema).await?;
+    params.incarnation = client
+        .query_one(
+            &schema::qualify("SELECT nextval('{s}.incarnations')", &schema),
+            &[],
+        )
+        .await
+        .map_err(db_error)?
+        .get(0);
+    drop(client);
+    let pool = Pool::new(pg, schema, pool_size);
+    pool.warm().await?;
+    Ok(worker::Context {
+        pool,
+        params,
+        adjust,
+        commits: AtomicU64::new(0),
+    })
+}
+
+/// The time statements use instead of the database's: `None` (the database's clock) unless a
+/// clock was injected with [`crate::StoreBuilder::clock`], which is for tests (a
+/// [`crate::ManualClock`]); the machine's own clock never counts on PostgreSQL.
+fn clock_adjustment(config: &Config) -> Box<dyn Fn() -> Option<i64> + Send + Sync> {
+    if !config.clock_injected {
+        return Box::new(|| None);
+    }
+    let clock = Arc::clone(&config.clock);
+    Box::new(move || Some(i64::try_from(crate::clock::to_millis(clock.now())).unwrap_or(i64::MAX)))
+}
+
+/// Blocks the calling thread until `rx` answers. Inside a multi-threaded tokio runtime the
+/// worker thread is handed over first (`block_in_place`), so its other tasks keep running; on
+/// a current-thread runtime the thread simply blocks (use the `_async` operations there).
+fn block<T>(rx: oneshot::Receiver<Result<T>>) -> Result<T> {
+    let wait = move || block_on(rx).unwrap_or_else(|oneshot::Canceled| Err(stopped()));
+    match tokio::runtime::Handle::try_current() {
+        Ok(handle) if handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(wait)
+        }
+        _ => wait(),
+    }
+}
+
+/// Polls `future` on this thread, parking between wake-ups.
+fn block_on<F: Future>(future: F) -> F::Output {
+    struct Unpark(std::thread::Thread);
+    impl Wake for Unpark {
+        fn wake(self: std::sync::Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = Waker::from(std::sync::Arc::new(Unpark(std::thread::current())));
+    let mut cx = Context::from_waker(&waker);
+    let mut future = std::pin::pin!(future);
+    loop {
+        if let Poll::Ready(out) = future.as_mut().poll(&mut cx) {
+            return out;
+        }
+        std::thread::park();
+    }
+}
+
+async fn answer<T>(rx: oneshot::Receiver<Result<T>>) -> Result<T> {
+    rx.await.unwrap_or_else(|oneshot::Canceled| Err(stopped()))
+}
+
+/// A claim's reply on its way to an async caller: if the caller's future is dropped first,
+/// a claim that was acquired is withdrawn (the engine withdraws it itself when the reply
+/// finds nobody; this guard covers a reply that arrived but was never read).
+struct Unreceived<'s> {
+    store: &'s PgStore,
+    scoped: &'s [u8],
+    rx: Option<oneshot::Receiver<Result<ClaimRow>>>,
+}
+
+impl Drop for Unreceived<'_> {
+    fn drop(&mut self) {
+        if let Some(mut rx) = self.rx.take() {
+            rx.close();
+            if let Ok(Some(Ok(ClaimRow::Won {
+                fence, replaced, ..
+            }))) = rx.try_recv()
+            {
+                self.store.withdraw(self.scoped, fence, replaced.is_some());
+            }
+        }
+    }
+}
+
+impl PgStore {
+    fn claim_job(
+        &self,
+        key: &[u8],
+        fingerprint: Fingerprint,
+    ) -> Result<oneshot::Receiver<Result<ClaimRow>>> {
+        let (reply, rx) = oneshot::channel();
+        self.shared.submit(Job::Claim {
+            target: Target::of(key),
+            fingerprint: *fingerprint.as_bytes(),
+            reply,
+        })?;
+        Ok(rx)
+    }
+
+    pub(crate) fn claim(
+        &self,
+        scope: &Scope,
+        key: &str,
+        fingerprint: Fingerprint,
+    ) -> Result<Claim> {
+        let scoped = scoped_key(scope, key)?;
+        let row = block(self.claim_job(&scoped, fingerprint)?)?;
+        self.decide(scoped, fingerprint, row)
+    }
+
+    pub(crate) async fn claim_async(
+        &self,
+        scope: &Scope,
+        key: &str,
+        fingerprint: Fingerprint,
+    ) -> Result<Claim> {
+        let scoped = scoped_key(scope, key)?;
+        let mut unreceived = Unreceived {
+            store: self,
+            scoped: &scoped,
+            rx: Some(self.claim_job(&scoped, fingerprint)?),
+        };
+        let rx = unreceived.rx.as_mut().expect("set above");
+        let row = rx.await.unwrap_or_else(|oneshot::Canceled| Err(stopped()));
+        unreceived.rx = None;
+        drop(unreceived);
+        self.decide(scoped.clone(), fingerprint, row?)
+    }
+
+    fn withdraw(&self, scoped: &[u8], fence: i64, takeover: bool) {
+        Counters::bump(&self.shared.counters.withdrawn, 1);
+        let fenced = (Target::of(scoped), fence);
+        let _ = self.shared.submit(if takeover {
+            Job::Extend {
+                fenced,
+                by: 0,
+                orphan: true,
+                reply: None,
+            }
+        } else {
+            Job::Release {
+                fenced,
+                reply: None,
+            }
+        });
+    }
+
+    /// The claim a statement's row means for a caller with `fingerprint`.
+    fn decide(&self, scoped: Box<[u8]>, fingerprint: Fingerprint, row: ClaimRow) -> Result<Claim> {
+        let c = &self.shared.counters;
+        match row {
+            ClaimRow::Won {
+                fence,
+                claimed_at,
+                lease_until,
+                replaced,
+                ..
+            } => {
+                Counters::bump(&c.acquired, 1);
+                let takeover = replaced.map(|(previous, previous_claimed_at, orphan)| {
+                    Counters::bump(&c.takeovers, 1);
+                    Takeover {
+                        previous_fence: fence_of(previous),
+                        previous_claimed_at: time_of(previous_claimed_at),
+                        orphan,
+                    }
+                });
+                Ok(Claim::Acquired(Ticket {
+                    holder: Holder::Postgres(Arc::downgrade(&self.shared)),
+                    key: IndexKey {
+                        hash: KeyHash::UNHASHED,
+                        bytes: scoped,
+                    },
+                    fence: fence_of(fence),
+                    fingerprint,
+                    claimed_at: u64::try_from(claimed_at).unwrap_or_default(),
+                    lease_until: AtomicU64::new(u64::try_from(lease_until).unwrap_or_default()),
+                    takeover,
+                }))
+            }
+            ClaimRow::Held { now, record } => {
+                if record.fingerprint.as_slice() != fingerprint.as_bytes().as_slice() {
+                    Counters::bump(&c.mismatches, 1);
+                    return Ok(Claim::Mismatch {
+                        completed: record.completed,
+                    });
+                }
+                if record.completed {
+                    Counters::bump(&c.replays, 1);
+                    return Ok(Claim::Replay(response_of(&scoped, &record)?));
+                }
+                Counters::bump(&c.in_progress, 1);
+                let left = record.lease_until.unwrap_or(now).saturating_sub(now);
+                let lease_remaining =
+                    Duration::from_millis(u64::try_from(left).unwrap_or_default());
+                let hint = self.shared.config.retry_after;
+                let retry_after = if lease_remaining.is_zero() {
+                    hint
+                } else if record.orphan {
+                    lease_remaining
+                } else {
+                    hint.min(lease_remaining)
+                };
+                Ok(Claim::InProgress {
+                    retry_after,
+                    lease_remaining,
+                })
+            }
+        }
+    }
+
+    /// The ticket's fenced columns, or `LeaseLost` for a ticket of another store.
+    fn fenced(&self, ticket: &Ticket) -> Result<(Target, i64)> {
+        match &ticket.holder {
+            Holder::Postgres(issuer)
+                if std::ptr::eq(issuer.as_ptr(), Arc::as_ptr(&self.shared)) =>
+            {
+                Ok((Target::of(&ticket.key.bytes), fence_column(ticket.fence)))
+            }
+            _ => Err(Error::LeaseLost {
+                fence: ticket.fence,
+            }),
+        }
+    }
+
+    fn complete_job(
+        &self,
+        ticket: Ticket,
+        response: Response,
+    ) -> Result<(Ticket, oneshot::Receiver<Result<Option<i64>>>)> {
+        let fenced = self.fenced(&ticket)?;
+        let size = response_size(&response);
+        let limit = self.shared.config.max_response_bytes;
+        if size > limit {
+            return Err(Error::ResponseTooLarge {
+                size,
+                limit,
+                ticket: Some(Box::new(ticket)),
+            });
+        }
+        let (reply, rx) = oneshot::channel();
+        self.shared.submit(Job::Complete {
+            fenced,
+            status: i32::from(response.status),
+            headers: encode_headers(&response.headers),
+            body: response.body,
+            reply,
+        })?;
+        Ok((ticket, rx))
+    }
+
+    fn complete_finish(&self, mut ticket: Ticket, done: Result<Option<i64>>) -> Result<()> {
+        match done? {
+            Some(_) => {
+                ticket.spend();
+                Counters::bump(&self.shared.counters.completes, 1);
+                Ok(())
+            }
+            None => {
+                ticket.spend();
+                Err(Error::LeaseLost {
+                    fence: ticket.fence,
+                })
+            }
+        }
+    }
+
+    pub(crate) fn complete(&self, ticket: Ticket, response: Response) -> Result<()> {
+        let (ticket, rx) = self.complete_job(ticket, response)?;
+        let done = block(rx);
+        self.complete_finish(ticket, done)
+    }
+
+    pub(crate) async fn complete_async(&self, ticket: Ticket, response: Response) -> Result<()> {
+        let (ticket, rx) = self.complete_job(ticket, response)?;
+        let done = answer(rx).await;
+        self.complete_finish(ticket, done)
+    }
+
+    fn release_job(&self, ticket: &Ticket) -> Result<oneshot::Receiver<Result<bool>>> {
+        let fenced = self.fenced(ticket)?;
+        let (reply, rx) = oneshot::channel();
+        self.shared.submit(Job::Release {
+            fenced,
+            reply: Some(reply),
+        })?;
+        Ok(rx)
+    }
+
+    fn release_finish(&self, mut ticket: Ticket, done: Result<bool>) -> Result<()> {
+        let released = done?;
+        ticket.spend();
+        if released {
+            Counters::bump(&self.shared.counters.releases, 1);
+            Ok(())
+        } else {
+            Err(Error::LeaseLost {
+                fence: ticket.fence,
+            })
+        }
+    }
+
+    pub(crate) fn release(&self, ticket: Ticket) -> Result<()> {
+        let rx = self.release_job(&ticket)?;
+        let done = block(rx);
+        self.release_finish(ticket, done)
+    }
+
+    pub(crate) async fn release_async(&self, ticket: Ticket) -> Result<()> {
+        let rx = self.release_job(&ticket)?;
+        let done = answer(rx).await;
+        self.release_finish(ticket, done)
+    }
+
+    fn extend_job(
+        &self,
+        ticket: &Ticket,
+        by: Duration,
+    ) -> Result<oneshot::Receiver<Result<Option<i64>>>> {
+        let fenced = self.fenced(ticket)?;
+        let (reply, rx) = oneshot::channel();
+        self.shared.submit(Job::Extend {
+            fenced,
+            by: millis_column(by),
+            orphan: false,
+            reply: Some(reply),
+        })?;
+        Ok(rx)
+    }
+
+    fn extend_finish(ticket: &Ticket, done: Result<Option<i64>>) -> Result<()> {
+        match done? {
+            Some(lease_until) => {
+                ticket.lease_until.store(
+                    u64::try_from(lease_until).unwrap_or_default(),
+                    Ordering::Relaxed,
+                );
+                Ok(())
+            }
+            None => Err(Error::LeaseLost {
+                fence: ticket.fence,
+            }),
+        }
+    }
+
+    pub(crate) fn extend(&self, ticket: &Ticket, by: Duration) -> Result<()> {
+        let rx = self.extend_job(ticket, by)?;
+        Self::extend_finish(ticket, block(rx))
+    }
+
+    pub(crate) async fn extend_async(&self, ticket: &Ticket, by: Duration) -> Result<()> {
+        let rx = self.extend_job(ticket, by)?;
+        Self::extend_finish(ticket, answer(rx).await)
+    }
+
+    /// The record of `scoped` now, by the database's clock: `(now, record)`.
+    fn read(&self, scoped: &[u8]) -> oneshot::Receiver<Result<(i64, Option<Held>)>> {
+        let target = Target::of(scoped);
+        let adjust = self.shared.adjust();
+        let owner = self.shared.context.params.owner.clone();
+        let incarnation = self.shared.context.params.incarnation;
+        self.shared.task(move |conn| async move {
+            let row = conn
+                .client
+                .query_one(
+                    &conn.get,
+                    &[
+                        &adjust,
+                        &target.tenant,
+                        &target.endpoint,
+                        &target.key,
+                        &owner,
+                        &incarnation,
+                    ],
+                )
+                .await
+                .map_err(db_error)?;
+            let now: i64 = row.try_get(0).map_err(db_error)?;
+            let Some(fence) = row.try_get::<_, Option<i64>>(1).map_err(db_error)? else {
+                return Ok((now, None));
+            };
+            let held = Held {
+                fence,
+                fingerprint: row.try_get(2).map_err(db_error)?,
+                claimed_at: row.try_get(3).map_err(db_error)?,
+                completed: row.try_get(4).map_err(db_error)?,
+                lease_until: row.try_get(5).map_err(db_error)?,
+                expires_at: row.try_get(6).map_err(db_error)?,
+                orphan: row
+                    .try_get::<_, Option<bool>>(7)
+                    .map_err(db_error)?
+                    .unwrap_or_default(),
+                status: row.try_get(8).map_err(db_error)?,
+                headers: row.try_get(9).map_err(db_error)?,
+                body: row.try_get(10).map_err(db_error)?,
+            };
+            Ok((now, Some(held)))
+        })
+    }
+
+    pub(crate) fn get(&self, scope: &Scope, key: &str) -> Result<Option<Entry>> {
+        let scoped = scoped_key(scope, key)?;
+        let (now, held) = block(self.read(&scoped))?;
+        let Some(record) = held else {
+            return Ok(None);
+        };
+        let state = if record.completed {
+            let expires_at = record.expires_at.unwrap_or(now);
+            if now >= expires_at {
+                return Ok(None);
+            }
+            EntryState::Completed {
+                expires_at: time_of(expires_at),
+                response: response_of(&scoped, &record)?,
+            }
+        } else {
+            EntryState::InProgress {
+                lease_deadline: time_of(record.lease_until.unwrap_or(now)),
+                orphan: record.orphan,
+            }
+        };
+        Ok(Some(Entry {
+            fence: fence_of(record.fence),
+            fingerprint: fingerprint_of(&scoped, &record)?,
+            claimed_at: time_of(record.claimed_at),
+            state,
+        }))
+    }
+
+    pub(crate) fn lease_duration(&self) -> Duration {
+        self.shared.config.lease
+    }
+
+    pub(crate) fn stats(&self) -> Stats {
+        let count = self.shared.task({
+            let text = schema::qualify(sql::COUNT, &self.shared.schema);
+            move |conn| async move {
+                let row = conn.client.query_one(&text, &[]).await.map_err(db_error)?;
+                row.try_get::<_, i64>(0).map_err(db_error)
+            }
+        });
+        // `stats` cannot fail: an unreachable database shows as no records.
+        let live = block(count).unwrap_or(0);
+        self.shared.counters.snapshot(
+            self.shared.context.commits.load(Ordering::Relaxed),
+            0,
+            u64::try_from(live).unwrap_or_default(),
+        )
+    }
+
+    pub(crate) fn reap(
+        &self,
+        mut resolver: impl FnMut(&StaleClaim) -> Resolution,
+    ) -> Result<usize> {
+        let shared = &*self.shared;
+        let mut after = 0i64;
+        let mut resolved = 0;
+        loop {
+            let page = block(self.stale_page(after))?;
+            let full = i64::try_from(page.len()).unwrap_or(i64::MAX) >= CHUNK;
+            for stale in page {
+                after = stale.fence;
+                let claim = StaleClaim {
+                    scope: stale.target.scope(),
+                    key: stale.target.key.clone(),
+                    fence: fence_of(stale.fence),
+                    fingerprint: stale.fingerprint,
+                    claimed_at: time_of(stale.claimed_at),
+                    lease_deadline: time_of(stale.lease_until),
+                    orphan: stale.orphan,
+                };
+                let decision = resolver(&claim);
+                if let Resolution::Complete(response) = &decision {
+                    let size = response_size(response);
+                    let limit = shared.config.max_response_bytes;
+                    if size > limit {
+                        Counters::bump(&shared.counters.reaped, resolved as u64);
+                        return Err(Error::ResponseTooLarge {
+                            size,
+                            limit,
+                            ticket: None,
+                        });
+                    }
+                }
+                if matches!(decision, Resolution::Keep) {
+                    continue;
+                }
+                if block(self.resolve(stale, decision))? {
+                    resolved += 1;
+                }
+            }
+            if !full {
+                break;
+            }
+        }
+        Counters::bump(&shared.counters.reaped, resolved as u64);
+        Ok(resolved)
+    }
+
+    fn stale_page(&self, after: i64) -> oneshot::Receiver<Result<Vec<Stale>>> {
+        let text = schema::qualify(sql::STALE, &self.shared.schema);
+        let adjust = self.shared.adjust();
+        let owner = self.shared.context.params.owner.clone();
+        let incarnation = self.shared.context.params.incarnation;
+        self.shared.task(move |conn| async move {
+            let rows = conn
+                .client
+                .query(&text, &[&adjust, &owner, &incarnation, &CHUNK, &after])
+                .await
+                .map_err(db_error)?;
+            rows.iter()
+                .map(|r| {
+                    let target = Target {
+                        tenant: r.try_get(0).map_err(db_error)?,
+                        endpoint: r.try_get(1).map_err(db_error)?,
+                        key: r.try_get(2).map_err(db_error)?,
+                    };
+                    let fingerprint: Vec<u8> = r.try_get(4).map_err(db_error)?;
+                    let fingerprint = <[u8; 32]>::try_from(fingerprint.as_slice())
+                        .map(Fingerprint::from_bytes)
+                        .map_err(|_| Error::Corrupted {
+                            damaged: Damaged::Record {
+                                fence: None,
+                                key: Some(target.key.clone()),
+                            },
+                            reason: "a stored fingerprint is not 32 bytes".into(),
+                        })?;
+                    Ok(Stale {
+                        target,
+                        fence: r.try_get(3).map_err(db_error)?,
+                        fingerprint,
+                        claimed_at: r.try_get(5).map_err(db_error)?,
+                        lease_until: r.try_get(6).map_err(db_error)?,
+                        orphan: r
+                            .try_get::<_, Option<bool>>(7)
+                            .map_err(db_error)?
+                            .unwrap_or_default(),
+                    })
+                })
+                .collect()
+        })
+    }
+
+    /// Applies a reap's decision to the claim as the resolver saw it; `false` if it changed
+    /// meanwhile (left as it is).
+    fn resolve(&self, stale: Stale, decision: Resolution) -> oneshot::Receiver<Result<bool>> {
+        let schema = self.shared.schema.clone();
+        let adjust = self.shared.adjust();
+        let ttl = self.shared.context.params.ttl_ms;
+        self.shared.task(move |conn| async move {
+            let t = &stale.target;
+            let changed = match decision {
+                Resolution::Keep => 0,
+                Resolution::Release => conn
+                    .client
+                    .execute(
+                        &schema::qualify(sql::REAP_RELEASE, &schema),
+                        &[
+                            &t.tenant,
+                            &t.endpoint,
+                            &t.key,
+                            &stale.fence,
+                            &stale.lease_until,
+                        ],
+                    )
+                    .await
+                    .map_err(db_error)?,
+                Resolution::Complete(response) => conn
+                    .client
+                    .execute(
+                        &schema::qualify(sql::REAP_COMPLETE, &schema),
+                        &[
+                            &adjust,
+                            &t.tenant,
+                            &t.endpoint,
+                            &t.key,
+                            &stale.fence,
+                            &stale.lease_until,
+                            &i32::from(response.status),
+                            &encode_headers(&response.headers),
+                            &response.body,
+                            &ttl,
+                        ],
+                    )
+                    .await
+                    .map_err(db_error)?,
+            };
+            Ok(changed == 1)
+        })
+    }
+
+    pub(crate) fn purge_expired(&self) -> Result<usize> {
+        let mut purged = 0;
+        loop {
+            let text = schema::qualify(sql::PURGE, &self.shared.schema);
+            let adjust = self.shared.adjust();
+            let n = block(self.shared.task(move |conn| async move {
+                conn.client
+                    .execute(&text, &[&adjust, &CHUNK])
+                    .await
+                    .map_err(db_error)
+            }))?;
+            purged += usize::try_from(n).unwrap_or(usize::MAX);
+            if i64::try_from(n).unwrap_or(i64::MAX) < CHUNK {
+                break;
+            }
+        }
+        Counters::bump(&self.shared.counters.purged, purged as u64);
+        Ok(purged)
+    }
+
+    /// Whether a claim of `scoped` would not answer `InProgress` now, and if not, how long
+    /// until its lease ends.
+    fn look(&self, now: i64, held: Option<&Held>) -> Option<Duration> {
+        let record = held?;
+        if record.completed {
+            return None;
+        }
+        let lease_until = record.lease_until.unwrap_or(now);
+        if now < lease_until {
+            return Some(Duration::from_millis(
+                u64::try_from(lease_until - now).unwrap_or_default(),
+            ));
+        }
+        match self.shared.config.stale_policy {
+            StalePolicy::Keep => Some(Duration::MAX),
+            _ => None,
+        }
+    }
+
+    /// The pause before looking again: short at first, growing, never past the lease's end or
+    /// the deadline.
+    fn poll_pause(round: u32, until_lease_end: Duration, deadline: Instant) -> Instant {
+        let pause = Duration::from_millis(5u64 << round.min(5)).min(until_lease_end);
+        Instant::now()
+            .checked_add(pause)
+            .map_or(deadline, |at| at.min(deadline))
+    }
+
+    pub(crate) fn wait(&self, scope: &Scope, key: &str, timeout: Duration) -> Result<bool> {
+        let scoped = scoped_key(scope, key)?;
+        let deadline = Instant::now()
+            .checked_add(timeout)
+            .unwrap_or_else(crate::timer::far_future);
+        for round in 0.. {
+            let (now, held) = block(self.read(&scoped))?;
+            let Some(left) = self.look(now, held.as_ref()) else {
+                return Ok(true);
+            };
+            let at = Self::poll_pause(round, left, deadline);
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(false);
+            }
+            std::thread::sleep(at.saturating_duration_since(now));
+        }
+        unreachable!("the loop above only returns")
+    }
+
+    pub(crate) fn wait_async(
+        &self,
+        scope: &Scope,
+        key: &str,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<bool>> + Send + '_ {
+        let deadline = Instant::now()
+            .checked_add(timeout)
+            .unwrap_or_else(crate::timer::far_future);
+        let scoped = scoped_key(scope, key);
+        async move {
+            let scoped = scoped?;
+            for round in 0.. {
+                let (now, held) = answer(self.read(&scoped)).await?;
+                let Some(left) = self.look(now, held.as_ref()) else {
+                    return Ok(true);
+                };
+                if Instant::now() >= deadline {
+                    return Ok(false);
+                }
+                crate::timer::sleep_until(Self::poll_pause(round, left, deadline)).await;
+            }
+            unreachable!("the loop above only returns")
+        }
+    }
+}
+
+/// A stale claim as a reap reads it.
+struct Stale {
+    target: Target,
+    fence: i64,
+    fingerprint: Fingerprint,
+    claimed_at: i64,
+    lease_until: i64,
+    orphan: bool,
+}
+
+type HeaderList = Vec<(String, Vec<u8>)>;
+
+fn header_config() -> impl bincode::config::Config {
+    bincode::config::standard().with_limit::<{ crate::record::MAX_RESPONSE_LIMIT }>()
+}
+
+fn encode_headers(headers: &HeaderList) -> Vec<u8> {
+    bincode::encode_to_vec(headers, header_config()).expect("encoding into a Vec cannot fail")
+}
+
+fn damaged(scoped: &[u8], record: &Held, reason: impl Into<String>) -> Error {
+    Error::Corrupted {
+        damaged: Damaged::Record {
+            fence: Some(fence_of(record.fence)),
+            key: Some(display_scoped_key(scoped)),
+        },
+        reason: reason.into(),
+    }
+}
+
+fn response_of(scoped: &[u8], record: &Held) -> Result<Response> {
+    let status = record
+        .status
+        .and_then(|s| u16::try_from(s).ok())
+        .ok_or_else(|| damaged(scoped, record, "a completed record has no valid status"))?;
+    let headers: HeaderList = match &record.headers {
+        Some(bytes) => {
+            let (headers, used) = bincode::decode_from_slice(bytes, header_config())
+                .map_err(|e| damaged(scoped, record, format!("its headers do not decode: {e}")))?;
+            if used != bytes.len() {
+                return Err(damaged(scoped, record, "its headers have trailing bytes"));
+            }
+            headers
+        }
+        None => return Err(damaged(scoped, record, "a completed record has no headers")),
+    };
+    Ok(Response {
+        status,
+        headers,
+        body: record.body.clone().unwrap_or_default(),
+    })
+}
+
+fn fingerprint_of(scoped: &[u8], record: &Held) -> Result<Fingerprint> {
+    <[u8; 32]>::try_from(record.fingerprint.as_slice())
+        .map(Fingerprint::from_bytes)
+        .map_err(|_| damaged(scoped, record, "its fingerprint is not 32 bytes"))
+}

@@ -1,0 +1,241 @@
+//! Every statement the PostgreSQL engine sends, with the schema they run on. `{s}` stands for
+//! the store's schema, quoted; `docs/postgres.md` argues why each statement is atomic.
+//!
+//! Times are milliseconds since the Unix epoch by the database's clock:
+//! `statement_timestamp()`, fixed for the whole statement. `$1` overrides it with the time of a
+//! clock injected for tests (`NULL` otherwise; see `docs/postgres.md`, "Whose clock").
+
+/// The schema version this library writes and reads. A schema recorded with a higher version
+/// was made by a newer idemdb and is refused.
+pub(crate) const SCHEMA_VERSION: i32 = 1;
+
+/// The statement's time in milliseconds: the database's, unless `$1` gives a test clock's.
+macro_rules! now_ms {
+    () => {
+        "coalesce($1::bigint, (extract(epoch FROM statement_timestamp()) * 1000)::bigint)"
+    };
+}
+
+/// Creates what is missing of schema version 1. Idempotent; run under the migration lock.
+///
+/// - `records`: one row per live (tenant, endpoint, key). A row is in progress
+///   (`completed = false`: `lease_until`, `owner`, `incarnation`, `orphan`) or completed
+///   (`expires_at`, `status`, `headers`, `body`). The `replaced_*` columns describe the claim a
+///   row's current claim replaced, so that one statement can return it.
+/// - `fences`: the fencing counter shared by every replica; `nextval` never goes back.
+/// - `incarnations`: one number per connected `Store`, so a restarted replica knows its
+///   earlier claims (same owner, smaller incarnation) as orphans.
+pub(crate) const CREATE: &str = r#"
+CREATE TABLE IF NOT EXISTS {s}.meta (
+    singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+    schema_version integer NOT NULL
+);
+CREATE SEQUENCE IF NOT EXISTS {s}.fences AS bigint MINVALUE 1 NO CYCLE;
+CREATE SEQUENCE IF NOT EXISTS {s}.incarnations AS bigint MINVALUE 1 NO CYCLE;
+CREATE TABLE IF NOT EXISTS {s}.records (
+    tenant bytea NOT NULL,
+    endpoint bytea NOT NULL,
+    key text NOT NULL,
+    fence bigint NOT NULL,
+    fingerprint bytea NOT NULL,
+    claimed_at bigint NOT NULL,
+    completed boolean NOT NULL DEFAULT false,
+    lease_until bigint,
+    owner text,
+    incarnation bigint,
+    orphan boolean NOT NULL DEFAULT false,
+    completed_at bigint,
+    expires_at bigint,
+    status integer,
+    headers bytea,
+    body bytea,
+    replaced_fence bigint,
+    replaced_claimed_at bigint,
+    replaced_orphan boolean,
+    replaced_in_progress boolean,
+    PRIMARY KEY (tenant, endpoint, key),
+    CHECK (completed = (expires_at IS NOT NULL)),
+    CHECK (completed OR lease_until IS NOT NULL)
+);
+CREATE INDEX IF NOT EXISTS records_expiry ON {s}.records (expires_at) WHERE completed;
+CREATE INDEX IF NOT EXISTS records_lease ON {s}.records (lease_until) WHERE NOT completed;
+CREATE INDEX IF NOT EXISTS records_owner ON {s}.records (owner, incarnation) WHERE NOT completed;
+INSERT INTO {s}.meta (schema_version) VALUES (1) ON CONFLICT DO NOTHING;
+"#;
+
+/// The claim of a batch of distinct keys, decided in one statement.
+///
+/// The `INSERT .. ON CONFLICT DO UPDATE .. WHERE` takes each key that is absent, expired, or
+/// (with `$7`, the take-over policy) stale with the same fingerprint: those rows come back from
+/// `won`. For every other key the conflicting row is locked and left alone, and the outer
+/// query reads it as the statement's snapshot shows it (the answer: in progress, replay or
+/// mismatch). A row committed by another session after that snapshot is invisible to the
+/// outer read: such a key comes back with neither, and is claimed again by a next statement.
+///
+/// Parameters: `$1` test clock, `$2..$5` tenants, endpoints, keys, fingerprints, `$6`
+/// lease in ms, `$7` take over stale claims, `$8` owner, `$9` incarnation.
+pub(crate) const CLAIM: &str = concat!(
+    "WITH t AS (SELECT ",
+    now_ms!(),
+    r#" AS now),
+input AS (
+    SELECT * FROM unnest($2::bytea[], $3::bytea[], $4::text[], $5::bytea[])
+        WITH ORDINALITY AS i(tenant, endpoint, key, fingerprint, ord)
+),
+won AS (
+    INSERT INTO {s}.records AS r (tenant, endpoint, key, fence, fingerprint, claimed_at,
+        completed, lease_until, owner, incarnation, orphan)
+    SELECT i.tenant, i.endpoint, i.key, nextval('{s}.fences'), i.fingerprint, t.now,
+        false, t.now + $6::bigint, $8::text, $9::bigint, false
+    FROM input i CROSS JOIN t
+    ORDER BY i.tenant, i.endpoint, i.key
+    ON CONFLICT (tenant, endpoint, key) DO UPDATE SET
+        fence = excluded.fence, fingerprint = excluded.fingerprint,
+        claimed_at = excluded.claimed_at, completed = false,
+        lease_until = excluded.lease_until, owner = excluded.owner,
+        incarnation = excluded.incarnation, orphan = false,
+        completed_at = NULL, expires_at = NULL, status = NULL, headers = NULL, body = NULL,
+        replaced_fence = r.fence, replaced_claimed_at = r.claimed_at,
+        replaced_orphan = r.orphan OR (r.owner = excluded.owner AND r.incarnation < excluded.incarnation),
+        replaced_in_progress = NOT r.completed
+    WHERE (r.completed AND r.expires_at <= excluded.claimed_at)
+       OR ($7::boolean AND NOT r.completed AND r.lease_until <= excluded.claimed_at
+           AND r.fingerprint = excluded.fingerprint)
+    RETURNING r.tenant, r.endpoint, r.key, r.fence, r.claimed_at, r.lease_until,
+        r.replaced_fence, r.replaced_claimed_at, r.replaced_orphan, r.replaced_in_progress
+)
+SELECT i.ord, t.now,
+    w.fence, w.claimed_at, w.lease_until,
+    w.replaced_fence, w.replaced_claimed_at, w.replaced_orphan, w.replaced_in_progress,
+    c.fence, c.fingerprint, c.completed, c.lease_until, c.expires_at,
+    c.orphan OR (c.owner = $8::text AND c.incarnation < $9::bigint),
+    c.status, c.headers, c.body
+FROM input i CROSS JOIN t
+LEFT JOIN won w ON w.tenant = i.tenant AND w.endpoint = i.endpoint AND w.key = i.key
+LEFT JOIN {s}.records c ON w.fence IS NULL
+    AND c.tenant = i.tenant AND c.endpoint = i.endpoint AND c.key = i.key
+ORDER BY i.ord"#
+);
+
+/// Completes a batch of claims, each only if its fence still holds the key in progress.
+/// `$1` test clock, `$2..$8` tenants, endpoints, keys, fences, statuses, headers, bodies, `$9`
+/// TTL in ms.
+pub(crate) const COMPLETE: &str = concat!(
+    "WITH t AS (SELECT ",
+    now_ms!(),
+    r#" AS now)
+UPDATE {s}.records r SET completed = true, completed_at = t.now, expires_at = t.now + $9::bigint,
+    lease_until = NULL, owner = NULL, incarnation = NULL, orphan = false,
+    status = u.status, headers = u.headers, body = u.body
+FROM t, unnest($2::bytea[], $3::bytea[], $4::text[], $5::bigint[], $6::int[], $7::bytea[], $8::bytea[])
+    AS u(tenant, endpoint, key, fence, status, headers, body)
+WHERE r.tenant = u.tenant AND r.endpoint = u.endpoint AND r.key = u.key
+    AND r.fence = u.fence AND NOT r.completed
+RETURNING r.fence, r.expires_at"#
+);
+
+/// Deletes a batch of claims, each only if its fence still holds the key in progress (a
+/// release, or the withdrawal of a fresh claim nobody received). `$1..$4` tenants, endpoints,
+/// keys, fences.
+pub(crate) const RELEASE: &str = r#"
+DELETE FROM {s}.records r
+USING unnest($1::bytea[], $2::bytea[], $3::text[], $4::bigint[]) AS u(tenant, endpoint, key, fence)
+WHERE r.tenant = u.tenant AND r.endpoint = u.endpoint AND r.key = u.key
+    AND r.fence = u.fence AND NOT r.completed
+RETURNING r.fence"#;
+
+/// Renews a batch of leases to run until now plus each one's `by`; `$6` marks them orphans
+/// and is used with a zero `by` to end a lease at once (a withdrawn takeover). `$1`
+/// test clock, `$2..$5` tenants, endpoints, keys, fences, `$6` orphan, `$7` by in ms.
+pub(crate) const EXTEND: &str = concat!(
+    "WITH t AS (SELECT ",
+    now_ms!(),
+    r#" AS now)
+UPDATE {s}.records r SET lease_until = t.now + u.by, orphan = r.orphan OR $6::boolean
+FROM t, unnest($2::bytea[], $3::bytea[], $4::text[], $5::bigint[], $7::bigint[])
+    AS u(tenant, endpoint, key, fence, by)
+WHERE r.tenant = u.tenant AND r.endpoint = u.endpoint AND r.key = u.key
+    AND r.fence = u.fence AND NOT r.completed
+RETURNING r.fence, r.lease_until"#
+);
+
+/// Marks claims whose tickets were dropped unspent as orphans. `$1..$4` tenants, endpoints,
+/// keys, fences.
+pub(crate) const ABANDON: &str = r#"
+UPDATE {s}.records r SET orphan = true
+FROM unnest($1::bytea[], $2::bytea[], $3::text[], $4::bigint[]) AS u(tenant, endpoint, key, fence)
+WHERE r.tenant = u.tenant AND r.endpoint = u.endpoint AND r.key = u.key
+    AND r.fence = u.fence AND NOT r.completed
+RETURNING r.fence"#;
+
+/// One record as `get` and `wait` see it, with the database's time. `$1` test clock, `$2..$4`
+/// tenant, endpoint, key, `$5` owner, `$6` incarnation.
+pub(crate) const GET: &str = concat!(
+    "SELECT ",
+    now_ms!(),
+    r#", r.fence, r.fingerprint, r.claimed_at, r.completed, r.lease_until, r.expires_at,
+    r.orphan OR (r.owner = $5::text AND r.incarnation < $6::bigint),
+    r.status, r.headers, r.body
+FROM (SELECT 1) one
+LEFT JOIN {s}.records r ON r.tenant = $2 AND r.endpoint = $3 AND r.key = $4"#
+);
+
+/// The stale claims a reap offers: leases run out, orphans marked by a dropped ticket, and
+/// this owner's claims from earlier incarnations. At most `$4` rows past fence `$5`.
+/// `$1` test clock, `$2` owner, `$3` incarnation.
+pub(crate) const STALE: &str = concat!(
+    "WITH t AS (SELECT ",
+    now_ms!(),
+    r#" AS now)
+SELECT r.tenant, r.endpoint, r.key, r.fence, r.fingerprint, r.claimed_at, r.lease_until,
+    r.orphan OR (r.owner = $2::text AND r.incarnation < $3::bigint)
+FROM {s}.records r, t
+WHERE NOT r.completed AND r.fence > $5::bigint AND (r.lease_until <= t.now OR r.orphan
+    OR (r.owner = $2::text AND r.incarnation < $3::bigint))
+ORDER BY r.fence
+LIMIT $4"#
+);
+
+/// A reap's release: only the claim the resolver saw (same fence and lease, still in
+/// progress). `$1..$3` tenant, endpoint, key, `$4` fence, `$5` lease it had.
+pub(crate) const REAP_RELEASE: &str = r#"
+DELETE FROM {s}.records r
+WHERE r.tenant = $1 AND r.endpoint = $2 AND r.key = $3 AND r.fence = $4
+    AND NOT r.completed AND r.lease_until = $5"#;
+
+/// A reap's completion, under the same condition as [`REAP_RELEASE`]. `$1` test clock, `$2..$4`
+/// tenant, endpoint, key, `$5` fence, `$6` lease it had, `$7..$9` status, headers, body, `$10`
+/// TTL in ms.
+pub(crate) const REAP_COMPLETE: &str = concat!(
+    "WITH t AS (SELECT ",
+    now_ms!(),
+    r#" AS now)
+UPDATE {s}.records r SET completed = true, completed_at = t.now, expires_at = t.now + $10::bigint,
+    lease_until = NULL, owner = NULL, incarnation = NULL, orphan = false,
+    status = $7, headers = $8, body = $9
+FROM t
+WHERE r.tenant = $2 AND r.endpoint = $3 AND r.key = $4 AND r.fence = $5
+    AND NOT r.completed AND r.lease_until = $6"#
+);
+
+/// Deletes up to `$2` expired records, oldest first, skipping rows another session holds.
+/// `$1` test clock.
+pub(crate) const PURGE: &str = concat!(
+    "WITH t AS (SELECT ",
+    now_ms!(),
+    r#" AS now),
+due AS (
+    SELECT r.tenant, r.endpoint, r.key, r.fence FROM {s}.records r, t
+    WHERE r.completed AND r.expires_at <= t.now
+    ORDER BY r.expires_at
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM {s}.records r USING due, t
+WHERE r.tenant = due.tenant AND r.endpoint = due.endpoint AND r.key = due.key
+    AND r.fence = due.fence AND r.completed AND r.expires_at <= t.now"#
+);
+
+/// The number of records, expired ones not yet purged included (as the file engine's index
+/// counts them). A count: O(records), for `stats`, which operators call now and then.
+pub(crate) const COUNT: &str = "SELECT count(*) FROM {s}.records";

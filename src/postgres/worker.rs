@@ -1,0 +1,708 @@
+//! The engine's own thread: a single-threaded tokio runtime that owns the connections, takes
+//! jobs from a queue any thread (with or without a runtime of its own) can feed, and turns the
+//! jobs that queued up meanwhile into one statement per kind (group commit).
+//!
+//! One batch runs on one connection; up to `pool_size` batches run at once. A batch is taken
+//! from the queue only once a connection is free, so while every connection is busy the queue
+//! grows into the next batch: the busier the database, the larger the batches.
+//!
+//! The statements of one batch (claims, completions, releases, ...) are sent together and run
+//! as one pipeline on the connection; each is its own transaction, committed before its callers
+//! are answered.
+
+use super::sql;
+use super::{again, db_error, Target};
+use crate::error::{Error, Result};
+use crate::sync::{AtomicU64, Ordering};
+use futures_channel::oneshot;
+use std::collections::HashSet;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use tokio::sync::{mpsc, Mutex as AsyncMutex, OwnedSemaphorePermit, Semaphore};
+use tokio_postgres::{Client, NoTls, Row, Statement};
+
+/// The most jobs of one kind in one statement.
+const MAX_BATCH: usize = 512;
+/// How many times a batch looks again for a claim whose key another session wrote after the
+/// statement's snapshot (see [`sql::CLAIM`]) before giving up with an error.
+const MAX_CLAIM_ROUNDS: usize = 64;
+
+/// A reply channel for one job.
+pub(crate) type Reply<T> = oneshot::Sender<Result<T>>;
+
+/// A key's columns.
+pub(crate) type Fenced = (Target, i64);
+
+/// A task that runs on a pooled connection (reads, reaps, purges).
+pub(crate) type Task =
+    Box<dyn FnOnce(Result<Arc<Conn>>) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send>;
+
+/// Work for the engine's thread.
+pub(crate) enum Job {
+    Claim {
+        target: Target,
+        fingerprint: [u8; 32],
+        reply: Reply<ClaimRow>,
+    },
+    Complete {
+        fenced: Fenced,
+        status: i32,
+        headers: Vec<u8>,
+        body: Vec<u8>,
+        reply: Reply<Option<i64>>,
+    },
+    /// A release (with a reply) or a withdrawn fresh claim (without).
+    Release {
+        fenced: Fenced,
+        reply: Option<Reply<bool>>,
+    },
+    /// An extension (with a reply), or a withdrawn takeover whose lease ends now (`by` zero,
+    /// `orphan`, no reply).
+    Extend {
+        fenced: Fenced,
+        by: i64,
+        orphan: bool,
+        reply: Option<Reply<Option<i64>>>,
+    },
+    /// A ticket dropped unspent: its claim is an orphan now.
+    Abandon {
+        fenced: Fenced,
+    },
+    Task(Task),
+}
+
+/// What one claim statement returned for one key.
+#[derive(Debug)]
+pub(crate) enum ClaimRow {
+    /// This claim took the key.
+    Won {
+        fence: i64,
+        claimed_at: i64,
+        lease_until: i64,
+        /// The in-progress claim it took over: (fence, claimed_at, orphan).
+        replaced: Option<(i64, i64, bool)>,
+    },
+    /// Another claim or a completion holds the key: the record as the statement saw it.
+    Held { now: i64, record: Held },
+}
+
+/// A record another claim holds, as a claim statement or a read saw it.
+#[derive(Debug)]
+pub(crate) struct Held {
+    pub(crate) fence: i64,
+    pub(crate) fingerprint: Vec<u8>,
+    pub(crate) claimed_at: i64,
+    pub(crate) completed: bool,
+    pub(crate) lease_until: Option<i64>,
+    pub(crate) expires_at: Option<i64>,
+    pub(crate) orphan: bool,
+    pub(crate) status: Option<i32>,
+    pub(crate) headers: Option<Vec<u8>>,
+    pub(crate) body: Option<Vec<u8>>,
+}
+
+/// Settings every claim statement carries.
+#[derive(Debug, Clone)]
+pub(crate) struct ClaimParams {
+    pub(crate) lease_ms: i64,
+    pub(crate) take_over: bool,
+    pub(crate) owner: String,
+    pub(crate) incarnation: i64,
+    pub(crate) ttl_ms: i64,
+}
+
+/// One connection with its prepared statements.
+pub(crate) struct Conn {
+    pub(crate) client: Client,
+    pub(crate) claim: Statement,
+    pub(crate) complete: Statement,
+    pub(crate) release: Statement,
+    pub(crate) extend: Statement,
+    pub(crate) abandon: Statement,
+    pub(crate) get: Statement,
+}
+
+impl Conn {
+    /// Connects and prepares every hot statement (in one pipeline).
+    pub(crate) async fn open(config: &tokio_postgres::Config, schema: &str) -> Result<Conn> {
+        let (client, connection) = config.connect(NoTls).await.map_err(db_error)?;
+        tokio::spawn(async move {
+            // Ends when the client is dropped or the server goes away; the next use of the
+            // client reports the error.
+            let _ = connection.await;
+        });
+        super::schema::make_commits_durable(&client).await?;
+        let [claim, complete, release, extend, abandon, get] = [
+            sql::CLAIM,
+            sql::COMPLETE,
+            sql::RELEASE,
+            sql::EXTEND,
+            sql::ABANDON,
+            sql::GET,
+        ]
+        .map(|text| super::schema::qualify(text, schema));
+        let (claim, complete, release, extend, abandon, get) = tokio::try_join!(
+            client.prepare(&claim),
+            client.prepare(&complete),
+            client.prepare(&release),
+            client.prepare(&extend),
+            client.prepare(&abandon),
+            client.prepare(&get),
+        )
+        .map_err(db_error)?;
+        Ok(Conn {
+            client,
+            claim,
+            complete,
+            release,
+            extend,
+            abandon,
+            get,
+        })
+    }
+}
+
+/// The connections: at most `size` in use, reconnected when one is found closed.
+pub(crate) struct Pool {
+    config: tokio_postgres::Config,
+    schema: String,
+    permits: Arc<Semaphore>,
+    idle: AsyncMutex<Vec<Arc<Conn>>>,
+}
+
+impl Pool {
+    pub(crate) fn new(config: tokio_postgres::Config, schema: String, size: usize) -> Pool {
+        Pool {
+            config,
+            schema,
+            permits: Arc::new(Semaphore::new(size)),
+            idle: AsyncMutex::new(Vec::new()),
+        }
+    }
+
+    async fn permit(&self) -> OwnedSemaphorePermit {
+        Arc::clone(&self.permits)
+            .acquire_owned()
+            .await
+            .expect("the pool's semaphore is never closed")
+    }
+
+    /// An open connection for the holder of a permit.
+    async fn take(&self) -> Result<Arc<Conn>> {
+        while let Some(conn) = self.idle.lock().await.pop() {
+            if !conn.client.is_closed() {
+                return Ok(conn);
+            }
+        }
+        Ok(Arc::new(Conn::open(&self.config, &self.schema).await?))
+    }
+
+    /// Opens one connection now, so that a store that connected can reach its database.
+    pub(crate) async fn warm(&self) -> Result<()> {
+        let conn = Arc::new(Conn::open(&self.config, &self.schema).await?);
+        self.give_back(conn).await;
+        Ok(())
+    }
+
+    async fn give_back(&self, conn: Arc<Conn>) {
+        if !conn.client.is_closed() {
+            self.idle.lock().await.push(conn);
+        }
+    }
+}
+
+/// What the engine's thread shares with the store.
+pub(crate) struct Context {
+    pub(crate) pool: Pool,
+    pub(crate) params: ClaimParams,
+    /// The time of a clock injected for tests, in milliseconds; `None`: the database's.
+    pub(crate) adjust: Box<dyn Fn() -> Option<i64> + Send + Sync>,
+    /// Write statements committed.
+    pub(crate) commits: AtomicU64,
+}
+
+/// Runs until every sender of `jobs` is gone, then lets running batches finish.
+pub(crate) async fn run(context: Arc<Context>, mut jobs: mpsc::UnboundedReceiver<Job>) {
+    let mut running = tokio::task::JoinSet::new();
+    loop {
+        let permit = context.pool.permit().await;
+        let Some(first) = jobs.recv().await else {
+            break;
+        };
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match jobs.try_recv() {
+                Ok(job) => batch.push(job),
+                Err(_) => break,
+            }
+        }
+        // A job nobody waits for (a dropped ticket's orphan mark, a withdrawal) must land
+        // before any job queued after it runs, as its caller's next operation expects: such a
+        // batch (rare) is run to its end before the next one starts.
+        let unawaited = batch.iter().any(|job| {
+            matches!(
+                job,
+                Job::Abandon { .. }
+                    | Job::Release { reply: None, .. }
+                    | Job::Extend { reply: None, .. }
+            )
+        });
+        if unawaited {
+            run_batch(&context, batch).await;
+            drop(permit);
+            continue;
+        }
+        let context = Arc::clone(&context);
+        running.spawn(async move {
+            run_batch(&context, batch).await;
+            drop(permit);
+        });
+        while running.try_join_next().is_some() {}
+    }
+    while running.join_next().await.is_some() {}
+}
+
+/// A completion: key and fence, status, encoded headers, body.
+type CompleteItem = (Fenced, i32, Vec<u8>, Vec<u8>, Reply<Option<i64>>);
+/// An extension: key and fence, by (ms), orphan.
+type ExtendItem = (Fenced, i64, bool, Option<Reply<Option<i64>>>);
+
+/// The jobs of one batch, by kind.
+#[derive(Default)]
+struct Sorted {
+    claims: Vec<(Target, [u8; 32], Reply<ClaimRow>)>,
+    completes: Vec<CompleteItem>,
+    releases: Vec<(Fenced, Option<Reply<bool>>)>,
+    extends: Vec<ExtendItem>,
+    abandons: Vec<Fenced>,
+    tasks: Vec<Task>,
+}
+
+async fn run_batch(context: &Context, batch: Vec<Job>) {
+    let mut sorted = Sorted::default();
+    for job in batch {
+        match job {
+            Job::Claim {
+                target,
+                fingerprint,
+                reply,
+            } => sorted.claims.push((target, fingerprint, reply)),
+            Job::Complete {
+                fenced,
+                status,
+                headers,
+                body,
+                reply,
+            } => sorted
+                .completes
+                .push((fenced, status, headers, body, reply)),
+            Job::Release { fenced, reply } => sorted.releases.push((fenced, reply)),
+            Job::Extend {
+                fenced,
+                by,
+                orphan,
+                reply,
+            } => sorted.extends.push((fenced, by, orphan, reply)),
+            Job::Abandon { fenced } => sorted.abandons.push(fenced),
+            Job::Task(task) => sorted.tasks.push(task),
+        }
+    }
+    let tasks = std::mem::take(&mut sorted.tasks);
+    let conn = match context.pool.take().await {
+        Ok(conn) => conn,
+        Err(e) => {
+            for task in tasks {
+                task(Err(again(&e))).await;
+            }
+            return fail_all(sorted, &e);
+        }
+    };
+    // Sent in this order on the connection's pipeline: what ends or marks claims first, so
+    // that the batch's claims see it.
+    tokio::join!(
+        abandons(&conn, sorted.abandons),
+        releases(context, &conn, sorted.releases),
+        completes(context, &conn, sorted.completes),
+        extends(context, &conn, sorted.extends),
+        claims(context, &conn, sorted.claims),
+        async {
+            for task in tasks {
+                task(Ok(Arc::clone(&conn))).await;
+            }
+        },
+    );
+    context.pool.give_back(conn).await;
+}
+
+/// Answers every job of a batch that could not get a connection.
+fn fail_all(sorted: Sorted, e: &Error) {
+    for (_, _, reply) in sorted.claims {
+        let _ = reply.send(Err(again(e)));
+    }
+    for (.., reply) in sorted.completes {
+        let _ = reply.send(Err(again(e)));
+    }
+    for (_, reply) in sorted.releases {
+        if let Some(reply) = reply {
+            let _ = reply.send(Err(again(e)));
+        }
+    }
+    for (.., reply) in sorted.extends {
+        if let Some(reply) = reply {
+            let _ = reply.send(Err(again(e)));
+        }
+    }
+}
+
+/// Splits `items` into the first of each key and the rest (deferred to a later statement: one
+/// statement may not change a row twice).
+fn first_of_each_key<T>(items: Vec<T>, target: impl Fn(&T) -> &Target) -> (Vec<T>, Vec<T>) {
+    let mut seen = HashSet::with_capacity(items.len());
+    let (mut first, mut later) = (Vec::with_capacity(items.len()), Vec::new());
+    for item in items {
+        let t = target(&item);
+        if seen.insert((t.tenant.clone(), t.endpoint.clone(), t.key.clone())) {
+            first.push(item);
+        } else {
+            later.push(item);
+        }
+    }
+    (first, later)
+}
+
+/// The key columns of a batch, as arrays.
+fn columns<'a>(
+    targets: impl Iterator<Item = &'a Target>,
+) -> (Vec<&'a [u8]>, Vec<&'a [u8]>, Vec<&'a str>) {
+    let mut out = (Vec::new(), Vec::new(), Vec::new());
+    for t in targets {
+        out.0.push(t.tenant.as_slice());
+        out.1.push(t.endpoint.as_slice());
+        out.2.push(t.key.as_str());
+    }
+    out
+}
+
+async fn claims(
+    context: &Context,
+    conn: &Conn,
+    mut pending: Vec<(Target, [u8; 32], Reply<ClaimRow>)>,
+) {
+    let p = &context.params;
+    for _ in 0..MAX_CLAIM_ROUNDS {
+        if pending.is_empty() {
+            return;
+        }
+        let (now_batch, later) = first_of_each_key(pending, |c| &c.0);
+        pending = later;
+        let (tenants, endpoints, keys) = columns(now_batch.iter().map(|c| &c.0));
+        let fingerprints: Vec<&[u8]> = now_batch.iter().map(|c| c.1.as_slice()).collect();
+        let result = conn
+            .client
+            .query(
+                &conn.claim,
+                &[
+                    &(context.adjust)(),
+                    &tenants,
+                    &endpoints,
+                    &keys,
+                    &fingerprints,
+                    &p.lease_ms,
+                    &p.take_over,
+                    &p.owner,
+                    &p.incarnation,
+                ],
+            )
+            .await;
+        context.commits.fetch_add(1, Ordering::Relaxed);
+        let rows = match result {
+            Ok(rows) if rows.len() == now_batch.len() => rows,
+            Ok(rows) => {
+                let e = format!(
+                    "a claim statement returned {} rows for {} keys",
+                    rows.len(),
+                    now_batch.len()
+                );
+                for (.., reply) in now_batch.into_iter().chain(pending) {
+                    let _ = reply.send(Err(Error::Database {
+                        sqlstate: None,
+                        reason: e.clone(),
+                    }));
+                }
+                return;
+            }
+            Err(e) => {
+                let e = db_error(e);
+                for (.., reply) in now_batch.into_iter().chain(pending) {
+                    let _ = reply.send(Err(again(&e)));
+                }
+                return;
+            }
+        };
+        for ((target, fingerprint, reply), row) in now_batch.into_iter().zip(rows) {
+            match claim_row(&row) {
+                Ok(Some(answer)) if settled(&answer, &fingerprint, p.take_over) => {
+                    if let Err(Ok(ClaimRow::Won {
+                        fence, replaced, ..
+                    })) = reply.send(Ok(answer))
+                    {
+                        // Nobody is left to receive this claim (its future was dropped): it
+                        // cannot have started a side effect, so it must not hold the key.
+                        withdraw(context, conn, &target, fence, replaced.is_some()).await;
+                    }
+                }
+                Ok(_) => pending.push((target, fingerprint, reply)),
+                Err(e) => {
+                    let _ = reply.send(Err(e));
+                }
+            }
+        }
+    }
+    for (.., reply) in pending {
+        let _ = reply.send(Err(Error::Database {
+            sqlstate: None,
+            reason: format!("a claim did not settle after {MAX_CLAIM_ROUNDS} statements"),
+        }));
+    }
+}
+
+/// Whether a claim statement's answer stands. The record it read is the statement's snapshot,
+/// and the insert found a newer version when the snapshot shows a record the claim would have
+/// taken (expired, or stale with the same fingerprint under the take-over policy): the key is
+/// claimed again by a next statement, which sees that version.
+fn settled(answer: &ClaimRow, fingerprint: &[u8; 32], take_over: bool) -> bool {
+    let ClaimRow::Held { now, record } = answer else {
+        return true;
+    };
+    if record.completed {
+        return record.expires_at.is_some_and(|at| at > *now);
+    }
+    let stale = record.lease_until.is_none_or(|until| until <= *now);
+    !(take_over && stale && record.fingerprint.as_slice() == fingerprint.as_slice())
+}
+
+/// Reads one row of [`sql::CLAIM`]; `None` when the key must be claimed again (its row was
+/// written after the statement's snapshot).
+fn claim_row(row: &Row) -> Result<Option<ClaimRow>> {
+    let get = |e: tokio_postgres::Error| db_error(e);
+    let now: i64 = row.try_get(1).map_err(get)?;
+    if let Some(fence) = row.try_get::<_, Option<i64>>(2).map_err(get)? {
+        let replaced = match row.try_get::<_, Option<bool>>(8).map_err(get)? {
+            Some(true) => Some((
+                row.try_get::<_, Option<i64>>(5)
+                    .map_err(get)?
+                    .unwrap_or_default(),
+                row.try_get::<_, Option<i64>>(6)
+                    .map_err(get)?
+                    .unwrap_or_default(),
+                row.try_get::<_, Option<bool>>(7)
+                    .map_err(get)?
+                    .unwrap_or_default(),
+            )),
+            _ => None,
+        };
+        return Ok(Some(ClaimRow::Won {
+            fence,
+            claimed_at: row
+                .try_get::<_, Option<i64>>(3)
+                .map_err(get)?
+                .unwrap_or(now),
+            lease_until: row
+                .try_get::<_, Option<i64>>(4)
+                .map_err(get)?
+                .unwrap_or(now),
+            replaced,
+        }));
+    }
+    let Some(fence) = row.try_get::<_, Option<i64>>(9).map_err(get)? else {
+        return Ok(None);
+    };
+    Ok(Some(ClaimRow::Held {
+        now,
+        record: Held {
+            fence,
+            fingerprint: row
+                .try_get::<_, Option<Vec<u8>>>(10)
+                .map_err(get)?
+                .unwrap_or_default(),
+            claimed_at: 0,
+            completed: row
+                .try_get::<_, Option<bool>>(11)
+                .map_err(get)?
+                .unwrap_or_default(),
+            lease_until: row.try_get(12).map_err(get)?,
+            expires_at: row.try_get(13).map_err(get)?,
+            orphan: row
+                .try_get::<_, Option<bool>>(14)
+                .map_err(get)?
+                .unwrap_or_default(),
+            status: row.try_get(15).map_err(get)?,
+            headers: row.try_get(16).map_err(get)?,
+            body: row.try_get(17).map_err(get)?,
+        },
+    }))
+}
+
+/// Undoes a claim nobody received: a fresh claim is deleted; a takeover's lease ends now and
+/// it is marked an orphan (the attempt it replaced may have acted, so the next claim takes it
+/// over again, told to reconcile).
+async fn withdraw(context: &Context, conn: &Conn, target: &Target, fence: i64, takeover: bool) {
+    let tenant = vec![target.tenant.as_slice()];
+    let endpoint = vec![target.endpoint.as_slice()];
+    let key = vec![target.key.as_str()];
+    let fences = vec![fence];
+    // A failure leaves the claim to its lease, as a crash would.
+    let _ = if takeover {
+        conn.client
+            .execute(
+                &conn.extend,
+                &[
+                    &(context.adjust)(),
+                    &tenant,
+                    &endpoint,
+                    &key,
+                    &fences,
+                    &true,
+                    &vec![0i64],
+                ],
+            )
+            .await
+    } else {
+        conn.client
+            .execute(&conn.release, &[&tenant, &endpoint, &key, &fences])
+            .await
+    };
+    context.commits.fetch_add(1, Ordering::Relaxed);
+}
+
+async fn completes(context: &Context, conn: &Conn, mut pending: Vec<CompleteItem>) {
+    while !pending.is_empty() {
+        let (batch, later) = first_of_each_key(pending, |c| &c.0 .0);
+        pending = later;
+        let (tenants, endpoints, keys) = columns(batch.iter().map(|c| &c.0 .0));
+        let fences: Vec<i64> = batch.iter().map(|c| c.0 .1).collect();
+        let statuses: Vec<i32> = batch.iter().map(|c| c.1).collect();
+        let headers: Vec<&[u8]> = batch.iter().map(|c| c.2.as_slice()).collect();
+        let bodies: Vec<&[u8]> = batch.iter().map(|c| c.3.as_slice()).collect();
+        let result = conn
+            .client
+            .query(
+                &conn.complete,
+                &[
+                    &(context.adjust)(),
+                    &tenants,
+                    &endpoints,
+                    &keys,
+                    &fences,
+                    &statuses,
+                    &headers,
+                    &bodies,
+                    &context.params.ttl_ms,
+                ],
+            )
+            .await;
+        context.commits.fetch_add(1, Ordering::Relaxed);
+        let done = fenced_rows(result);
+        for (fenced, .., reply) in batch {
+            let _ = reply.send(match &done {
+                Ok(done) => Ok(done.iter().find(|(f, _)| *f == fenced.1).map(|(_, at)| *at)),
+                Err(e) => Err(again(e)),
+            });
+        }
+    }
+}
+
+async fn releases(context: &Context, conn: &Conn, mut pending: Vec<(Fenced, Option<Reply<bool>>)>) {
+    while !pending.is_empty() {
+        let (batch, later) = first_of_each_key(pending, |c| &c.0 .0);
+        pending = later;
+        let (tenants, endpoints, keys) = columns(batch.iter().map(|c| &c.0 .0));
+        let fences: Vec<i64> = batch.iter().map(|c| c.0 .1).collect();
+        let result = conn
+            .client
+            .query(&conn.release, &[&tenants, &endpoints, &keys, &fences])
+            .await
+            .map(|rows| rows.iter().map(|r| r.get::<_, i64>(0)).collect::<Vec<_>>())
+            .map_err(db_error);
+        context.commits.fetch_add(1, Ordering::Relaxed);
+        for (fenced, reply) in batch {
+            if let Some(reply) = reply {
+                let _ = reply.send(match &result {
+                    Ok(done) => Ok(done.contains(&fenced.1)),
+                    Err(e) => Err(again(e)),
+                });
+            }
+        }
+    }
+}
+
+async fn extends(context: &Context, conn: &Conn, pending: Vec<ExtendItem>) {
+    // Withdrawn takeovers (orphan) and renewals differ in one flag: two statements.
+    let (orphaned, renewed): (Vec<_>, Vec<_>) = pending.into_iter().partition(|e| e.2);
+    for (mut pending, orphan) in [(orphaned, true), (renewed, false)] {
+        while !pending.is_empty() {
+            let (batch, later) = first_of_each_key(pending, |c| &c.0 .0);
+            pending = later;
+            let (tenants, endpoints, keys) = columns(batch.iter().map(|c| &c.0 .0));
+            let fences: Vec<i64> = batch.iter().map(|c| c.0 .1).collect();
+            let by: Vec<i64> = batch.iter().map(|c| c.1).collect();
+            let result = conn
+                .client
+                .query(
+                    &conn.extend,
+                    &[
+                        &(context.adjust)(),
+                        &tenants,
+                        &endpoints,
+                        &keys,
+                        &fences,
+                        &orphan,
+                        &by,
+                    ],
+                )
+                .await;
+            context.commits.fetch_add(1, Ordering::Relaxed);
+            let done = fenced_rows(result);
+            for (fenced, .., reply) in batch {
+                if let Some(reply) = reply {
+                    let _ = reply.send(match &done {
+                        Ok(done) => {
+                            Ok(done.iter().find(|(f, _)| *f == fenced.1).map(|(_, at)| *at))
+                        }
+                        Err(e) => Err(again(e)),
+                    });
+                }
+            }
+        }
+    }
+}
+
+async fn abandons(conn: &Conn, mut pending: Vec<Fenced>) {
+    while !pending.is_empty() {
+        let (batch, later) = first_of_each_key(pending, |c| &c.0);
+        pending = later;
+        let (tenants, endpoints, keys) = columns(batch.iter().map(|c| &c.0));
+        let fences: Vec<i64> = batch.iter().map(|c| c.1).collect();
+        // A failure leaves the claim in progress until its lease ends, as a crash would.
+        let _ = conn
+            .client
+            .execute(&conn.abandon, &[&tenants, &endpoints, &keys, &fences])
+            .await;
+    }
+}
+
+/// `(fence, time)` of each row a statement returned.
+fn fenced_rows(
+    result: std::result::Result<Vec<Row>, tokio_postgres::Error>,
+) -> Result<Vec<(i64, i64)>> {
+    let rows = result.map_err(db_error)?;
+    rows.iter()
+        .map(|r| {
+            Ok((
+                r.try_get(0).map_err(db_error)?,
+                r.try_get(1).map_err(db_error)?,
+            ))
+        })
+        .collect()
+}
