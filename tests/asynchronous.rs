@@ -1,6 +1,10 @@
 //! The async API: durable before it resolves, never blocking the polling thread on an fsync,
 //! sharing batches, failing with the store, and letting the file go when the store is dropped.
 
+#[macro_use]
+mod engines;
+
+use engines::Backend;
 use idemdb::simulation::SimDisk;
 use idemdb::{Claim, Error, Fingerprint, Response, Scope, Store};
 use std::future::Future;
@@ -51,93 +55,98 @@ fn scope() -> Scope {
 
 fn assert_send<T: Send>(_: &T) {}
 
-#[test]
-fn many_async_claims_on_one_thread_share_fsyncs() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path().join("a.idem")).unwrap();
-    let keys: Vec<String> = (0..64).map(|i| format!("key-{i}")).collect();
-    let scope = scope();
-    let fp = Fingerprint::of(b"req");
-    let claims: Vec<_> = keys
-        .iter()
-        .map(|k| store.claim_async(&scope, k, fp))
-        .collect();
-    assert_send(&claims[0]);
-    let (outcomes, _) = run_all(claims);
-    let tickets: Vec<_> = outcomes
-        .into_iter()
-        .map(|c| match c.unwrap() {
-            Claim::Acquired(t) => t,
-            other => panic!("{other:?}"),
-        })
-        .collect();
-    let stats = store.stats();
-    assert_eq!(stats.acquired, 64);
-    assert!(
-        stats.commit_batches < 64,
-        "64 claims polled together on one thread share batches: {stats:?}"
-    );
-    let completes: Vec<_> = tickets
-        .into_iter()
-        .map(|t| {
-            let body = format!("paid {}", t.fence());
-            store.complete_async(t, Response::new(201, body))
-        })
-        .collect();
-    let (done, _) = run_all(completes);
-    assert!(done.iter().all(Result::is_ok));
-    drop(store);
-    // Dropping the store let go of the file at once, flusher thread or not; and every
-    // acknowledged completion is there.
-    let store = Store::open(dir.path().join("a.idem")).unwrap();
-    for k in &keys {
-        assert!(matches!(
-            store.claim(&scope, k, fp).unwrap(),
-            Claim::Replay(r) if r.status() == 201
-        ));
+/// How long a withdrawn claim may hold its key: none on the file engine (the index changes
+/// at once), one round trip on PostgreSQL (the withdrawal is a statement).
+const FREED_WITHIN: std::time::Duration = std::time::Duration::from_secs(5);
+
+on_every_engine! {
+    fn many_async_claims_on_one_thread_share_fsyncs(b: Backend) {
+        let store = b.store();
+        let keys: Vec<String> = (0..64).map(|i| format!("key-{i}")).collect();
+        let scope = scope();
+        let fp = Fingerprint::of(b"req");
+        let claims: Vec<_> = keys
+            .iter()
+            .map(|k| store.claim_async(&scope, k, fp))
+            .collect();
+        assert_send(&claims[0]);
+        let (outcomes, _) = run_all(claims);
+        let tickets: Vec<_> = outcomes
+            .into_iter()
+            .map(|c| match c.unwrap() {
+                Claim::Acquired(t) => t,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        let stats = store.stats();
+        assert_eq!(stats.acquired, 64);
+        assert!(
+            stats.commit_batches < 64,
+            "64 claims polled together on one thread share batches: {stats:?}"
+        );
+        let completes: Vec<_> = tickets
+            .into_iter()
+            .map(|t| {
+                let body = format!("paid {}", t.fence());
+                store.complete_async(t, Response::new(201, body))
+            })
+            .collect();
+        let (done, _) = run_all(completes);
+        assert!(done.iter().all(Result::is_ok));
+        drop(store);
+        // Dropping the store let go of the file at once, flusher thread or not; and every
+        // acknowledged completion is there.
+        let store = b.store();
+        for k in &keys {
+            assert!(matches!(
+                store.claim(&scope, k, fp).unwrap(),
+                Claim::Replay(r) if r.status() == 201
+            ));
+        }
     }
 }
 
-#[test]
-fn async_and_blocking_callers_mix() {
-    let store = Store::in_memory().unwrap();
-    let scope = scope();
-    let fp = Fingerprint::of(b"req");
-    std::thread::scope(|s| {
-        for t in 0..4 {
-            let (store, scope) = (&store, &scope);
-            s.spawn(move || {
-                for i in 0..25 {
-                    let key = format!("sync-{t}-{i}");
-                    let Claim::Acquired(ticket) = store.claim(scope, &key, fp).unwrap() else {
-                        panic!()
-                    };
-                    store.release(ticket).unwrap();
-                }
-            });
-        }
-        let futures: Vec<_> = (0..100)
-            .map(|i| {
+on_every_engine! {
+    fn async_and_blocking_callers_mix(b: Backend) {
+        let store = b.store();
+        let scope = scope();
+        let fp = Fingerprint::of(b"req");
+        std::thread::scope(|s| {
+            for t in 0..4 {
                 let (store, scope) = (&store, &scope);
-                async move {
-                    let key = format!("async-{i}");
-                    let Claim::Acquired(ticket) = store.claim_async(scope, &key, fp).await? else {
-                        panic!()
-                    };
-                    store
-                        .extend_async(&ticket, std::time::Duration::from_secs(90))
-                        .await?;
-                    store.release_async(ticket).await
-                }
-            })
-            .collect();
-        let (results, _) = run_all(futures);
-        assert!(results.iter().all(Result::is_ok), "{results:?}");
-    });
-    let stats = store.stats();
-    assert_eq!(stats.acquired, 200);
-    assert_eq!(stats.releases, 200);
-    assert_eq!(stats.live_records, 0);
+                s.spawn(move || {
+                    for i in 0..25 {
+                        let key = format!("sync-{t}-{i}");
+                        let Claim::Acquired(ticket) = store.claim(scope, &key, fp).unwrap() else {
+                            panic!()
+                        };
+                        store.release(ticket).unwrap();
+                    }
+                });
+            }
+            let futures: Vec<_> = (0..100)
+                .map(|i| {
+                    let (store, scope) = (&store, &scope);
+                    async move {
+                        let key = format!("async-{i}");
+                        let Claim::Acquired(ticket) = store.claim_async(scope, &key, fp).await? else {
+                            panic!()
+                        };
+                        store
+                            .extend_async(&ticket, std::time::Duration::from_secs(90))
+                            .await?;
+                        store.release_async(ticket).await
+                    }
+                })
+                .collect();
+            let (results, _) = run_all(futures);
+            assert!(results.iter().all(Result::is_ok), "{results:?}");
+        });
+        let stats = store.stats();
+        assert_eq!(stats.acquired, 200);
+        assert_eq!(stats.releases, 200);
+        assert_eq!(stats.live_records, 0);
+    }
 }
 
 #[test]
@@ -171,80 +180,84 @@ fn poll_once<F: Future>(future: F) -> Pin<Box<F>> {
     future
 }
 
-/// Regression: a `claim_async` future dropped while its claim was being made durable (the HTTP
-/// request of a client that hung up) left the claim in progress with nobody holding its
-/// ticket, so every retry got `InProgress` until the lease ran out. A claim nobody received
-/// cannot have started a side effect: it is withdrawn, and the next claim acquires the key
-/// afresh, without a takeover.
-#[test]
-fn a_claim_future_dropped_before_it_returns_does_not_hold_the_key() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("w.idem");
-    let store = Store::open(&path).unwrap();
-    let fp = Fingerprint::of(b"req");
-    for i in 0..20 {
-        let key = format!("dropped-{i}");
-        drop(poll_once(store.claim_async(&scope(), &key, fp)));
-        match store.claim(&scope(), &key, fp).unwrap() {
-            Claim::Acquired(ticket) => {
-                assert!(ticket.takeover().is_none(), "nothing to reconcile");
-                store.complete(ticket, Response::new(201, "ok")).unwrap();
+on_every_engine! {
+    /// Regression: a `claim_async` future dropped while its claim was being made durable (the HTTP
+    /// request of a client that hung up) left the claim in progress with nobody holding its
+    /// ticket, so every retry got `InProgress` until the lease ran out. A claim nobody received
+    /// cannot have started a side effect: it is withdrawn, and the next claim acquires the key
+    /// afresh, without a takeover.
+    fn a_claim_future_dropped_before_it_returns_does_not_hold_the_key(b: Backend) {
+        let store = b.store();
+        let fp = Fingerprint::of(b"req");
+        for i in 0..20 {
+            let key = format!("dropped-{i}");
+            drop(poll_once(store.claim_async(&scope(), &key, fp)));
+            // Freed at once on the file; within a round trip on PostgreSQL.
+            assert!(store.wait(&scope(), &key, FREED_WITHIN).unwrap());
+            match store.claim(&scope(), &key, fp).unwrap() {
+                Claim::Acquired(ticket) => {
+                    assert!(ticket.takeover().is_none(), "nothing to reconcile");
+                    store.complete(ticket, Response::new(201, "ok")).unwrap();
+                }
+                other => panic!("{key}: the key is free again, got {other:?}"),
             }
-            other => panic!("{key}: the key is free again, got {other:?}"),
         }
+        // One more, left withdrawn when the store closes: its release still lands.
+        drop(poll_once(store.claim_async(&scope(), "last", fp)));
+        assert!(store.wait(&scope(), "last", FREED_WITHIN).unwrap());
+        let stats = store.stats();
+        assert_eq!(stats.withdrawn, 21);
+        assert_eq!(
+            stats.acquired, 20,
+            "a withdrawn claim was never acquired by anyone"
+        );
+        drop(store);
+        let store = b.store();
+        let mut orphans = 0;
+        store
+            .reap(|_| {
+                orphans += 1;
+                idemdb::Resolution::Keep
+            })
+            .unwrap();
+        assert_eq!(orphans, 0, "no withdrawn claim survives as an orphan");
+        assert!(matches!(
+            store.claim(&scope(), "last", fp).unwrap(),
+            Claim::Acquired(_)
+        ));
+        assert!(matches!(
+            store.claim(&scope(), "dropped-3", fp).unwrap(),
+            Claim::Replay(_)
+        ));
     }
-    // One more, left withdrawn when the store closes: its release still lands.
-    drop(poll_once(store.claim_async(&scope(), "last", fp)));
-    let stats = store.stats();
-    assert_eq!(stats.withdrawn, 21);
-    assert_eq!(
-        stats.acquired, 20,
-        "a withdrawn claim was never acquired by anyone"
-    );
-    drop(store);
-    let store = Store::open(&path).unwrap();
-    let mut orphans = 0;
-    store
-        .reap(|_| {
-            orphans += 1;
-            idemdb::Resolution::Keep
-        })
-        .unwrap();
-    assert_eq!(orphans, 0, "no withdrawn claim survives as an orphan");
-    assert!(matches!(
-        store.claim(&scope(), "last", fp).unwrap(),
-        Claim::Acquired(_)
-    ));
-    assert!(matches!(
-        store.claim(&scope(), "dropped-3", fp).unwrap(),
-        Claim::Replay(_)
-    ));
 }
 
-/// A takeover nobody received is not released (the attempt it replaced may have acted): its
-/// lease ends at once, so the next claim takes the key over again and is told to reconcile.
-#[test]
-fn a_dropped_takeover_future_leaves_the_key_to_the_next_takeover() {
-    let clock = idemdb::ManualClock::new();
-    let store = Store::builder()
-        .lease(std::time::Duration::from_secs(60))
-        .clock(clock.clone())
-        .in_memory()
-        .unwrap();
-    let fp = Fingerprint::of(b"req");
-    let Claim::Acquired(first) = store.claim(&scope(), "k", fp).unwrap() else {
-        panic!("a new key is acquired")
-    };
-    let first_fence = first.fence();
-    std::mem::forget(first); // a holder that vanished without a trace
-    clock.advance(std::time::Duration::from_secs(61));
-    drop(poll_once(store.claim_async(&scope(), "k", fp)));
-    assert_eq!(store.stats().withdrawn, 1);
-    match store.claim(&scope(), "k", fp).unwrap() {
-        Claim::Acquired(ticket) => {
-            let takeover = ticket.takeover().expect("still a takeover");
-            assert!(takeover.previous_fence > first_fence);
+on_every_engine! {
+    /// A takeover nobody received is not released (the attempt it replaced may have acted): its
+    /// lease ends at once, so the next claim takes the key over again and is told to reconcile.
+    fn a_dropped_takeover_future_leaves_the_key_to_the_next_takeover(b: Backend) {
+        let clock = idemdb::ManualClock::new();
+        let store = b.open(
+            Store::builder()
+                .lease(std::time::Duration::from_secs(60))
+                .clock(clock.clone()),
+        );
+        let fp = Fingerprint::of(b"req");
+        let Claim::Acquired(first) = store.claim(&scope(), "k", fp).unwrap() else {
+            panic!("a new key is acquired")
+        };
+        let first_fence = first.fence();
+        std::mem::forget(first); // a holder that vanished without a trace
+        clock.advance(std::time::Duration::from_secs(61));
+        drop(poll_once(store.claim_async(&scope(), "k", fp)));
+        assert!(store.wait(&scope(), "k", FREED_WITHIN).unwrap());
+        assert_eq!(store.stats().withdrawn, 1);
+        match store.claim(&scope(), "k", fp).unwrap() {
+            Claim::Acquired(ticket) => {
+                let takeover = ticket.takeover().expect("still a takeover");
+                assert!(takeover.previous_fence > first_fence);
+            }
+            other => panic!("the stale key is taken over again, got {other:?}"),
         }
-        other => panic!("the stale key is taken over again, got {other:?}"),
     }
 }

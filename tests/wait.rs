@@ -5,6 +5,10 @@
 //! Each wake-up is checked against a timeout far longer than the test allows (30 s against a
 //! bound of a few seconds), so a waiter that only returned at its timeout fails the test.
 
+#[macro_use]
+mod engines;
+
+use engines::Backend;
 use idemdb::simulation::SimDisk;
 use idemdb::{Claim, Error, Fingerprint, ManualClock, Resolution, Response, Scope, StalePolicy};
 use idemdb::{Store, Ticket};
@@ -58,107 +62,107 @@ fn woke(rx: &mpsc::Receiver<(bool, Duration)>) {
     assert!(answer, "the claim ended");
 }
 
-#[test]
-fn a_key_nobody_holds_returns_at_once() {
-    let store = Store::in_memory().unwrap();
-    assert!(store.wait(&scope(), "absent", LONG).unwrap());
-    let t = acquire(&store, "done");
-    store.complete(t, Response::new(200, "ok")).unwrap();
-    assert!(store.wait(&scope(), "done", LONG).unwrap());
-}
-
-#[test]
-fn a_waiter_wakes_when_the_holder_completes_and_the_retry_replays() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path().join("w.idem")).unwrap();
-    let t = acquire(&store, "k");
-    let rx = waiter(&store, "k", LONG);
-    still_waiting(&rx);
-    store.complete(t, Response::new(201, "paid")).unwrap();
-    woke(&rx);
-    assert!(matches!(
-        store.claim(&scope(), "k", fp()).unwrap(),
-        Claim::Replay(_)
-    ));
-}
-
-#[test]
-fn a_waiter_wakes_when_the_holder_releases() {
-    let store = Store::in_memory().unwrap();
-    let t = acquire(&store, "k");
-    let rx = waiter(&store, "k", LONG);
-    still_waiting(&rx);
-    store.release(t).unwrap();
-    woke(&rx);
-}
-
-#[test]
-fn a_waiter_gives_up_at_its_timeout() {
-    let store = Store::in_memory().unwrap();
-    let _t = acquire(&store, "k");
-    let started = Instant::now();
-    assert!(!store
-        .wait(&scope(), "k", Duration::from_millis(150))
-        .unwrap());
-    let took = started.elapsed();
-    assert!(took >= Duration::from_millis(150), "{took:?}");
-    assert!(took < PROMPT, "{took:?}");
-}
-
-/// The lease's end is read from the store's clock: a test that moves a `ManualClock` past it
-/// wakes the waiter, which finds the claim stale (taken over by the next claim).
-#[test]
-fn a_waiter_wakes_when_a_manual_clock_moves_past_the_lease() {
-    let clock = ManualClock::new();
-    let store = Store::builder()
-        .lease(Duration::from_secs(60))
-        .clock(clock.clone())
-        .in_memory()
-        .unwrap();
-    let _t = acquire(&store, "k");
-    let rx = waiter(&store, "k", LONG);
-    still_waiting(&rx);
-    clock.advance(Duration::from_secs(30));
-    still_waiting(&rx);
-    clock.advance(Duration::from_secs(31));
-    woke(&rx);
-    match store.claim(&scope(), "k", fp()).unwrap() {
-        Claim::Acquired(t) => assert!(t.takeover().is_some()),
-        other => panic!("stale: taken over, got {other:?}"),
+on_every_engine! {
+    fn a_key_nobody_holds_returns_at_once(b: Backend) {
+        let store = b.store();
+        assert!(store.wait(&scope(), "absent", LONG).unwrap());
+        let t = acquire(&store, "done");
+        store.complete(t, Response::new(200, "ok")).unwrap();
+        assert!(store.wait(&scope(), "done", LONG).unwrap());
     }
 }
 
-/// With the real clock, a waiter sleeps until the lease's end and no longer.
-#[test]
-fn a_waiter_wakes_at_the_lease_end_on_the_system_clock() {
-    let store = Store::builder()
-        .lease(Duration::from_millis(300))
-        .in_memory()
-        .unwrap();
-    let _t = acquire(&store, "k");
-    let rx = waiter(&store, "k", LONG);
-    let (answer, took) = rx.recv_timeout(PROMPT).expect("woken at the lease end");
-    assert!(answer);
-    assert!(took >= Duration::from_millis(250), "{took:?}");
+on_every_engine! {
+    fn a_waiter_wakes_when_the_holder_completes_and_the_retry_replays(b: Backend) {
+        let store = b.store();
+        let t = acquire(&store, "k");
+        let rx = waiter(&store, "k", LONG);
+        still_waiting(&rx);
+        store.complete(t, Response::new(201, "paid")).unwrap();
+        woke(&rx);
+        assert!(matches!(
+            store.claim(&scope(), "k", fp()).unwrap(),
+            Claim::Replay(_)
+        ));
+    }
 }
 
-/// Under `StalePolicy::Keep` a stale claim holds the key until it is reaped: the waiter
-/// sleeps through the lease's end and wakes at the reap.
-#[test]
-fn under_keep_a_waiter_wakes_at_the_reap_not_at_the_lease_end() {
-    let clock = ManualClock::new();
-    let store = Store::builder()
-        .lease(Duration::from_secs(60))
-        .stale_policy(StalePolicy::Keep)
-        .clock(clock.clone())
-        .in_memory()
-        .unwrap();
-    let _t = acquire(&store, "k");
-    let rx = waiter(&store, "k", LONG);
-    clock.advance(Duration::from_secs(61));
-    still_waiting(&rx);
-    assert_eq!(store.reap(|_| Resolution::Release).unwrap(), 1);
-    woke(&rx);
+on_every_engine! {
+    fn a_waiter_wakes_when_the_holder_releases(b: Backend) {
+        let store = b.store();
+        let t = acquire(&store, "k");
+        let rx = waiter(&store, "k", LONG);
+        still_waiting(&rx);
+        store.release(t).unwrap();
+        woke(&rx);
+    }
+}
+
+on_every_engine! {
+    fn a_waiter_gives_up_at_its_timeout(b: Backend) {
+        let store = b.store();
+        let _t = acquire(&store, "k");
+        let started = Instant::now();
+        assert!(!store
+            .wait(&scope(), "k", Duration::from_millis(150))
+            .unwrap());
+        let took = started.elapsed();
+        assert!(took >= Duration::from_millis(150), "{took:?}");
+        assert!(took < PROMPT, "{took:?}");
+    }
+}
+
+on_every_engine! {
+    /// The lease's end is read from the store's clock: a test that moves a `ManualClock` past it
+    /// wakes the waiter, which finds the claim stale (taken over by the next claim).
+    fn a_waiter_wakes_when_a_manual_clock_moves_past_the_lease(b: Backend) {
+        let clock = ManualClock::new();
+        let store = b.open(Store::builder()
+            .lease(Duration::from_secs(60))
+            .clock(clock.clone()));
+        let _t = acquire(&store, "k");
+        let rx = waiter(&store, "k", LONG);
+        still_waiting(&rx);
+        clock.advance(Duration::from_secs(30));
+        still_waiting(&rx);
+        clock.advance(Duration::from_secs(31));
+        woke(&rx);
+        match store.claim(&scope(), "k", fp()).unwrap() {
+            Claim::Acquired(t) => assert!(t.takeover().is_some()),
+            other => panic!("stale: taken over, got {other:?}"),
+        }
+    }
+}
+
+on_every_engine! {
+    /// With the real clock, a waiter sleeps until the lease's end and no longer.
+    fn a_waiter_wakes_at_the_lease_end_on_the_system_clock(b: Backend) {
+        let store = b.open(Store::builder()
+            .lease(Duration::from_millis(300)));
+        let _t = acquire(&store, "k");
+        let rx = waiter(&store, "k", LONG);
+        let (answer, took) = rx.recv_timeout(PROMPT).expect("woken at the lease end");
+        assert!(answer);
+        assert!(took >= Duration::from_millis(250), "{took:?}");
+    }
+}
+
+on_every_engine! {
+    /// Under `StalePolicy::Keep` a stale claim holds the key until it is reaped: the waiter
+    /// sleeps through the lease's end and wakes at the reap.
+    fn under_keep_a_waiter_wakes_at_the_reap_not_at_the_lease_end(b: Backend) {
+        let clock = ManualClock::new();
+        let store = b.open(Store::builder()
+            .lease(Duration::from_secs(60))
+            .stale_policy(StalePolicy::Keep)
+            .clock(clock.clone()));
+        let _t = acquire(&store, "k");
+        let rx = waiter(&store, "k", LONG);
+        clock.advance(Duration::from_secs(61));
+        still_waiting(&rx);
+        assert_eq!(store.reap(|_| Resolution::Release).unwrap(), 1);
+        woke(&rx);
+    }
 }
 
 /// A store that halts (a failed fsync) wakes its waiters with the error.
@@ -179,75 +183,78 @@ fn a_halting_store_wakes_its_waiters_with_the_error() {
     assert!(matches!(answer, Err(Error::Halted { .. })), "{answer:?}");
 }
 
-#[test]
-fn many_waiters_on_many_keys_each_wake_for_their_own_key() {
-    let store = Store::in_memory().unwrap();
-    let tickets: Vec<Ticket> = (0..8).map(|i| acquire(&store, &format!("k{i}"))).collect();
-    let waiters: Vec<_> = (0..8)
-        .flat_map(|i| (0..3).map(move |_| i))
-        .map(|i| (i, waiter(&store, &format!("k{i}"), LONG)))
-        .collect();
-    let mut tickets: Vec<Option<Ticket>> = tickets.into_iter().map(Some).collect();
-    for i in [3, 0, 7, 1, 6, 2, 5, 4] {
-        for (_, rx) in waiters.iter().filter(|(k, _)| *k == i) {
-            still_waiting(rx);
-        }
-        let t = tickets[i].take().unwrap();
-        store
-            .complete(t, Response::new(200, format!("{i}")))
-            .unwrap();
-        for (_, rx) in waiters.iter().filter(|(k, _)| *k == i) {
-            woke(rx);
+on_every_engine! {
+    fn many_waiters_on_many_keys_each_wake_for_their_own_key(b: Backend) {
+        let store = b.store();
+        let tickets: Vec<Ticket> = (0..8).map(|i| acquire(&store, &format!("k{i}"))).collect();
+        let waiters: Vec<_> = (0..8)
+            .flat_map(|i| (0..3).map(move |_| i))
+            .map(|i| (i, waiter(&store, &format!("k{i}"), LONG)))
+            .collect();
+        let mut tickets: Vec<Option<Ticket>> = tickets.into_iter().map(Some).collect();
+        for i in [3, 0, 7, 1, 6, 2, 5, 4] {
+            for (_, rx) in waiters.iter().filter(|(k, _)| *k == i) {
+                still_waiting(rx);
+            }
+            let t = tickets[i].take().unwrap();
+            store
+                .complete(t, Response::new(200, format!("{i}")))
+                .unwrap();
+            for (_, rx) in waiters.iter().filter(|(k, _)| *k == i) {
+                woke(rx);
+            }
         }
     }
 }
 
-/// The async form: woken by the completion itself; the polling thread never blocks.
-#[test]
-fn wait_async_is_woken_by_the_completion() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path().join("w.idem")).unwrap();
-    let t = acquire(&store, "k");
-    let mut future = Box::pin(store.wait_async(&scope(), "k", LONG));
-    let (wake, woken) = mpsc::channel::<()>();
-    let waker = Waker::from(std::sync::Arc::new(Signal(std::sync::Mutex::new(wake))));
-    let mut cx = Context::from_waker(&waker);
-    assert!(future.as_mut().poll(&mut cx).is_pending());
-    let completer = {
-        let store = store.clone();
-        thread::spawn(move || store.complete(t, Response::new(201, "paid")).unwrap())
-    };
-    woken
-        .recv_timeout(PROMPT)
-        .expect("the completion wakes the future");
-    let mut answer = future.as_mut().poll(&mut cx);
-    // The wake may come from the timer or the clock first; poll until answered.
-    let started = Instant::now();
-    while answer.is_pending() && started.elapsed() < PROMPT {
-        let _ = woken.recv_timeout(Duration::from_millis(50));
-        answer = future.as_mut().poll(&mut cx);
+on_every_engine! {
+    /// The async form: woken by the completion itself; the polling thread never blocks.
+    fn wait_async_is_woken_by_the_completion(b: Backend) {
+        let store = b.store();
+        let t = acquire(&store, "k");
+        let mut future = Box::pin(store.wait_async(&scope(), "k", LONG));
+        let (wake, woken) = mpsc::channel::<()>();
+        let waker = Waker::from(std::sync::Arc::new(Signal(std::sync::Mutex::new(wake))));
+        let mut cx = Context::from_waker(&waker);
+        assert!(future.as_mut().poll(&mut cx).is_pending());
+        let completer = {
+            let store = store.clone();
+            thread::spawn(move || store.complete(t, Response::new(201, "paid")).unwrap())
+        };
+        woken
+            .recv_timeout(PROMPT)
+            .expect("the completion wakes the future");
+        let mut answer = future.as_mut().poll(&mut cx);
+        // The wake may come from the timer or the clock first; poll until answered.
+        let started = Instant::now();
+        while answer.is_pending() && started.elapsed() < PROMPT {
+            let _ = woken.recv_timeout(Duration::from_millis(50));
+            answer = future.as_mut().poll(&mut cx);
+        }
+        assert!(matches!(answer, Poll::Ready(Ok(true))), "{answer:?}");
+        completer.join().unwrap();
     }
-    assert!(matches!(answer, Poll::Ready(Ok(true))), "{answer:?}");
-    completer.join().unwrap();
 }
 
-#[test]
-fn wait_async_times_out() {
-    let store = Store::in_memory().unwrap();
-    let _t = acquire(&store, "k");
-    let started = Instant::now();
-    let answer = block_on(store.wait_async(&scope(), "k", Duration::from_millis(120)));
-    assert!(!answer.unwrap());
-    assert!(started.elapsed() >= Duration::from_millis(120));
+on_every_engine! {
+    fn wait_async_times_out(b: Backend) {
+        let store = b.store();
+        let _t = acquire(&store, "k");
+        let started = Instant::now();
+        let answer = block_on(store.wait_async(&scope(), "k", Duration::from_millis(120)));
+        assert!(!answer.unwrap());
+        assert!(started.elapsed() >= Duration::from_millis(120));
+    }
 }
 
-#[test]
-fn wait_checks_its_input() {
-    let store = Store::in_memory().unwrap();
-    assert!(matches!(
-        store.wait(&scope(), "", LONG),
-        Err(Error::InvalidKey { .. })
-    ));
+on_every_engine! {
+    fn wait_checks_its_input(b: Backend) {
+        let store = b.store();
+        assert!(matches!(
+            store.wait(&scope(), "", LONG),
+            Err(Error::InvalidKey { .. })
+        ));
+    }
 }
 
 struct Signal(std::sync::Mutex<mpsc::Sender<()>>);

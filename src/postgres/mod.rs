@@ -308,6 +308,7 @@ async fn start(
         params,
         adjust,
         commits: AtomicU64::new(0),
+        withdrawn: AtomicU64::new(0),
     })
 }
 
@@ -371,11 +372,18 @@ impl Drop for Unreceived<'_> {
     fn drop(&mut self) {
         if let Some(mut rx) = self.rx.take() {
             rx.close();
-            if let Ok(Some(Ok(ClaimRow::Won {
-                fence, replaced, ..
-            }))) = rx.try_recv()
-            {
-                self.store.withdraw(self.scoped, fence, replaced.is_some());
+            match rx.try_recv() {
+                Ok(Some(Ok(ClaimRow::Won {
+                    fence, replaced, ..
+                }))) => self.store.withdraw(self.scoped, fence, replaced.is_some()),
+                // Answered without a claim, or failed: nothing to undo.
+                Ok(Some(_)) => {}
+                // Still in flight (a closed, empty channel reads as `Canceled`): the engine
+                // withdraws it when its reply finds nobody; the barrier makes that land before
+                // this caller's next operation.
+                Ok(None) | Err(oneshot::Canceled) => {
+                    let _ = self.store.shared.submit(Job::Barrier);
+                }
             }
         }
     }
@@ -740,11 +748,13 @@ impl PgStore {
         });
         // `stats` cannot fail: an unreachable database shows as no records.
         let live = block(count).unwrap_or(0);
-        self.shared.counters.snapshot(
+        let mut stats = self.shared.counters.snapshot(
             self.shared.context.commits.load(Ordering::Relaxed),
             0,
             u64::try_from(live).unwrap_or_default(),
-        )
+        );
+        stats.withdrawn += self.shared.context.withdrawn.load(Ordering::Relaxed);
+        stats
     }
 
     pub(crate) fn reap(

@@ -67,10 +67,13 @@ INSERT INTO {s}.meta (schema_version) VALUES (1) ON CONFLICT DO NOTHING;
 ///
 /// The `INSERT .. ON CONFLICT DO UPDATE .. WHERE` takes each key that is absent, expired, or
 /// (with `$7`, the take-over policy) stale with the same fingerprint: those rows come back from
-/// `won`. For every other key the conflicting row is locked and left alone, and the outer
-/// query reads it as the statement's snapshot shows it (the answer: in progress, replay or
-/// mismatch). A row committed by another session after that snapshot is invisible to the
-/// outer read: such a key comes back with neither, and is claimed again by a next statement.
+/// `won`. A key whose record, as the statement's snapshot shows it, answers the claim (a live
+/// claim, a completion, another fingerprint) is not even tried: the outer query reads that
+/// record as the answer (in progress, replay or mismatch), and a batch of such answers takes no
+/// lock and writes nothing. The write decides on the newest version of the row, under its
+/// lock, so a record the snapshot did not show (committed by another session meanwhile) is
+/// never overwritten by mistake: the insert conflicts, its `WHERE` is false, and the key comes
+/// back with neither a win nor a visible record, to be claimed again by a next statement.
 ///
 /// Parameters: `$1` test clock, `$2..$5` tenants, endpoints, keys, fingerprints, `$6`
 /// lease in ms, `$7` take over stale claims, `$8` owner, `$9` incarnation.
@@ -88,6 +91,12 @@ won AS (
     SELECT i.tenant, i.endpoint, i.key, nextval('{s}.fences'), i.fingerprint, t.now,
         false, t.now + $6::bigint, $8::text, $9::bigint, false
     FROM input i CROSS JOIN t
+    WHERE NOT EXISTS (
+        SELECT 1 FROM {s}.records h
+        WHERE h.tenant = i.tenant AND h.endpoint = i.endpoint AND h.key = i.key
+          AND NOT ((h.completed AND h.expires_at <= t.now)
+                OR ($7::boolean AND NOT h.completed AND h.lease_until <= t.now
+                    AND h.fingerprint = i.fingerprint)))
     ORDER BY i.tenant, i.endpoint, i.key
     ON CONFLICT (tenant, endpoint, key) DO UPDATE SET
         fence = excluded.fence, fingerprint = excluded.fingerprint,

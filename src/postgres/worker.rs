@@ -69,6 +69,10 @@ pub(crate) enum Job {
     Abandon {
         fenced: Fenced,
     },
+    /// Every job queued before it, and what its batch does about it (a withdrawal), lands
+    /// before any job queued after it runs: sent when a claim's caller went away before its
+    /// reply came, so that the caller's next operation sees the claim withdrawn.
+    Barrier,
     Task(Task),
 }
 
@@ -220,6 +224,8 @@ pub(crate) struct Context {
     pub(crate) adjust: Box<dyn Fn() -> Option<i64> + Send + Sync>,
     /// Write statements committed.
     pub(crate) commits: AtomicU64,
+    /// Claims withdrawn here because their reply found nobody to receive it.
+    pub(crate) withdrawn: AtomicU64,
 }
 
 /// Runs until every sender of `jobs` is gone, then lets running batches finish.
@@ -240,12 +246,16 @@ pub(crate) async fn run(context: Arc<Context>, mut jobs: mpsc::UnboundedReceiver
         // A job nobody waits for (a dropped ticket's orphan mark, a withdrawal) must land
         // before any job queued after it runs, as its caller's next operation expects: such a
         // batch (rare) is run to its end before the next one starts.
+        if batch.iter().any(|job| matches!(job, Job::Barrier)) {
+            while running.join_next().await.is_some() {}
+        }
         let unawaited = batch.iter().any(|job| {
             matches!(
                 job,
                 Job::Abandon { .. }
                     | Job::Release { reply: None, .. }
                     | Job::Extend { reply: None, .. }
+                    | Job::Barrier
             )
         });
         if unawaited {
@@ -305,6 +315,7 @@ async fn run_batch(context: &Context, batch: Vec<Job>) {
                 reply,
             } => sorted.extends.push((fenced, by, orphan, reply)),
             Job::Abandon { fenced } => sorted.abandons.push(fenced),
+            Job::Barrier => {}
             Job::Task(task) => sorted.tasks.push(task),
         }
     }
@@ -321,6 +332,7 @@ async fn run_batch(context: &Context, batch: Vec<Job>) {
     // Sent in this order on the connection's pipeline: what ends or marks claims first, so
     // that the batch's claims see it.
     tokio::join!(
+        biased;
         abandons(&conn, sorted.abandons),
         releases(context, &conn, sorted.releases),
         completes(context, &conn, sorted.completes),
@@ -415,7 +427,6 @@ async fn claims(
                 ],
             )
             .await;
-        context.commits.fetch_add(1, Ordering::Relaxed);
         let rows = match result {
             Ok(rows) if rows.len() == now_batch.len() => rows,
             Ok(rows) => {
@@ -440,6 +451,13 @@ async fn claims(
                 return;
             }
         };
+        // A statement whose every key was answered by its record wrote nothing.
+        let wrote = rows
+            .iter()
+            .any(|row| !matches!(claim_row(row), Ok(Some(ClaimRow::Held { .. }))));
+        if wrote {
+            context.commits.fetch_add(1, Ordering::Relaxed);
+        }
         for ((target, fingerprint, reply), row) in now_batch.into_iter().zip(rows) {
             match claim_row(&row) {
                 Ok(Some(answer)) if settled(&answer, &fingerprint, p.take_over) => {
@@ -548,12 +566,12 @@ fn claim_row(row: &Row) -> Result<Option<ClaimRow>> {
 /// it is marked an orphan (the attempt it replaced may have acted, so the next claim takes it
 /// over again, told to reconcile).
 async fn withdraw(context: &Context, conn: &Conn, target: &Target, fence: i64, takeover: bool) {
+    context.withdrawn.fetch_add(1, Ordering::Relaxed);
     let tenant = vec![target.tenant.as_slice()];
     let endpoint = vec![target.endpoint.as_slice()];
     let key = vec![target.key.as_str()];
     let fences = vec![fence];
-    // A failure leaves the claim to its lease, as a crash would.
-    let _ = if takeover {
+    let result = if takeover {
         conn.client
             .execute(
                 &conn.extend,
@@ -573,6 +591,8 @@ async fn withdraw(context: &Context, conn: &Conn, target: &Target, fence: i64, t
             .execute(&conn.release, &[&tenant, &endpoint, &key, &fences])
             .await
     };
+    // A failure leaves the claim to its lease, as a crash would.
+    let _ = result;
     context.commits.fetch_add(1, Ordering::Relaxed);
 }
 
