@@ -4,7 +4,6 @@
 #[macro_use]
 mod engines;
 
-use engines::Backend;
 use idemdb::simulation::SimDisk;
 use idemdb::{Claim, Error, Fingerprint, Response, Scope, Store};
 use std::future::Future;

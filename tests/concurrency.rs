@@ -5,7 +5,6 @@
 #[macro_use]
 mod engines;
 
-use engines::Backend;
 use idemdb::simulation::SplitMix64;
 use idemdb::{Claim, Fingerprint, Response, Scope, Store};
 use std::collections::HashMap;

@@ -4,7 +4,6 @@
 #[macro_use]
 mod engines;
 
-use engines::Backend;
 use idemdb::{Claim, EntryState, Fingerprint, ManualClock, Resolution, Response, Scope, Store};
 use std::time::Duration;
 

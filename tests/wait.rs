@@ -8,7 +8,6 @@
 #[macro_use]
 mod engines;
 
-use engines::Backend;
 use idemdb::simulation::SimDisk;
 use idemdb::{Claim, Error, Fingerprint, ManualClock, Resolution, Response, Scope, StalePolicy};
 use idemdb::{Store, Ticket};
