@@ -9,12 +9,16 @@
 
 #![cfg(feature = "http")]
 
+#[macro_use]
+mod engines;
+
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::Router;
+use engines::Backend;
 use idemdb::http::{IdempotencyLayer, IdempotencyLayerBuilder};
 use idemdb::Store;
 use std::collections::VecDeque;
@@ -195,8 +199,8 @@ fn start(
     }
 }
 
-fn start_default(processor: Processor) -> Server {
-    start(Store::in_memory().unwrap(), processor, |b| b)
+fn start_default(backend: &Backend, processor: Processor) -> Server {
+    start(backend.store(), processor, |b| b)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -419,576 +423,591 @@ fn send_concurrently(n: usize, req: impl Fn() -> Req + Sync) -> Vec<Reply> {
 // ---------------------------------------------------------------------------------------------
 // The seed's scenario: a timeout, then a retry.
 
-#[test]
-fn smoke_a_retry_replays_the_first_response() {
-    let server = start_default(Processor::default());
-    let first = Req::payment(&server, "\"k-1\"", PAYMENT).send();
-    assert_eq!(first.status, 201);
-    let second = Req::payment(&server, "\"k-1\"", PAYMENT).send();
-    assert_eq!(second.status, 201);
-    assert!(second.replayed());
-    assert_eq!(second.body, first.body);
-    assert_eq!(server.processor.executions(), 1);
-}
-
-/// The first attempt charges, its client times out (the response is lost); the retry with the
-/// same key, after the first finished, gets the first attempt's response byte for byte, and
-/// the card is charged once. A retry while the first still runs gets 409. This needs the
-/// layer's spawner: hyper drops a request's future when its client disconnects, and the
-/// spawner is what lets the handler finish and its response be stored anyway.
-#[test]
-fn a_lost_response_is_replayed_to_the_retry_and_the_card_is_charged_once() {
-    let server = start(
-        Store::in_memory().unwrap(),
-        Processor::with_delay(Duration::from_millis(300)),
-        |b| {
-            b.spawner(|f| {
-                tokio::spawn(f);
-            })
-        },
-    );
-    let first = Req::payment(&server, "\"lost-1\"", PAYMENT).timeout(Duration::from_millis(100));
-    let err = first
-        .try_send()
-        .expect_err("the client gives up after 100 ms");
-    assert!(matches!(err, ureq::Error::Timeout(_)), "{err}");
-    assert_eq!(server.processor.executions(), 1, "the card was charged");
-
-    // While the first attempt still runs, a retry is told to come back later.
-    let early = Req::payment(&server, "\"lost-1\"", PAYMENT).send();
-    early.assert_problem(409, IN_PROGRESS);
-    let retry_after: u64 = early.header("retry-after").unwrap().parse().unwrap();
-    assert!(retry_after >= 1);
-
-    // The handler returns at ~300 ms; its response is stored just after.
-    wait_until("the first attempt's response is stored", || {
-        server.store.stats().completes == 1
-    });
-    assert_eq!(server.processor.finished(), 1);
-    let retry = Req::payment(&server, "\"lost-1\"", PAYMENT).send();
-    assert!(retry.replayed(), "{retry:?}");
-    assert_eq!(retry.status, 201);
-    assert_eq!(retry.header("content-type"), Some("application/json"));
-    assert_eq!(retry.header("x-charge-id"), Some("pay_1"));
-    assert_eq!(
-        retry.body,
-        server.processor.answered.lock().unwrap()[0],
-        "the stored response is the one the first attempt produced"
-    );
-    assert_eq!(server.processor.executions(), 1, "charged once in total");
-}
-
-/// Without a spawner, a client disconnect cancels the handler mid-way. It may already have
-/// charged, so the layer must not release the key: the retry gets 409 until the lease runs
-/// out, and only then runs (as a takeover).
-#[test]
-fn without_a_spawner_a_handler_cancelled_by_a_disconnect_keeps_its_claim_until_the_lease_ends() {
-    let store = Store::builder()
-        .lease(Duration::from_secs(3))
-        .in_memory()
-        .unwrap();
-    let server = start(
-        store,
-        Processor::default().script([Step::Answer {
-            status: 201,
-            delay: Duration::from_millis(300),
-        }]),
-        |b| b,
-    );
-    let started = Instant::now();
-    let err = Req::payment(&server, "cut-1", PAYMENT)
-        .timeout(Duration::from_millis(100))
-        .try_send()
-        .expect_err("the client gives up after 100 ms");
-    assert!(matches!(err, ureq::Error::Timeout(_)), "{err}");
-    // Past the handler's own 300 ms: it was cancelled, never finished, and never released.
-    thread::sleep(Duration::from_millis(500).saturating_sub(started.elapsed()));
-    assert_eq!(server.processor.executions(), 1);
-    assert_eq!(server.processor.finished(), 0, "the handler was cancelled");
-    let retry = Req::payment(&server, "cut-1", PAYMENT).send();
-    retry.assert_problem(409, IN_PROGRESS);
-    // Nobody is left to finish the cancelled handler: the retry is told when the lease ends
-    // (about 2.5 s from now, rounded up), not the usual one-second hint.
-    let hint: u64 = retry.header("retry-after").unwrap().parse().unwrap();
-    assert_eq!(hint, 3, "Retry-After names the lease's end");
-    assert_eq!(server.store.stats().releases, 0);
-    assert_eq!(server.processor.executions(), 1, "no second charge");
-
-    thread::sleep(Duration::from_millis(3300).saturating_sub(started.elapsed()));
-    let later = Req::payment(&server, "cut-1", PAYMENT).send();
-    assert_eq!(later.status, 201);
-    assert!(!later.replayed());
-    assert_eq!(server.store.stats().takeovers, 1);
-    assert_eq!(server.processor.executions(), 2);
-}
-
-/// Regression: a client that hung up while its claim was being made durable stranded the key.
-/// hyper dropped the request future inside `claim_async`; the claim still landed, nobody held
-/// its ticket, the handler never ran, and every retry got 409 (`Retry-After: 1`) for the whole
-/// 60 s lease. A claim nobody received must not hold its key: the retry runs (or replays, if
-/// the handler was already detached), promptly, and the card is charged exactly once.
-#[test]
-fn a_client_that_hangs_up_while_its_claim_is_made_durable_does_not_strand_the_key() {
-    use std::io::Write as _;
-    const KEYS: u32 = 60;
-    let dir = tempfile::tempdir().unwrap();
-    // A store on a real disk, so a claim takes an fsync to become durable: the window.
-    let store = Store::open(dir.path().join("hangup.idem")).unwrap();
-    let server = start(
-        store,
-        Processor::with_delay(Duration::from_millis(2)),
-        |b| {
-            b.spawner(|f| {
-                tokio::spawn(f);
-            })
-        },
-    );
-    let addr = server.base.trim_start_matches("http://").to_owned();
-    let mut slowest = Duration::ZERO;
-    for i in 0..KEYS {
-        let key = format!("hangup-{i}");
-        let request = format!(
-            "POST /v1/payments HTTP/1.1\r\nhost: {addr}\r\nx-api-key: t-a\r\n\
-             idempotency-key: {key}\r\ncontent-type: application/json\r\n\
-             content-length: {}\r\n\r\n{PAYMENT}",
-            PAYMENT.len()
-        );
-        let mut socket = std::net::TcpStream::connect(&addr).unwrap();
-        socket.write_all(request.as_bytes()).unwrap();
-        // Hang up 0.1 to 2 ms after the request is out: mostly while the claim is in flight.
-        thread::sleep(Duration::from_micros(100 + u64::from(i * 37 % 20) * 100));
-        drop(socket);
-        // The retry budget of a real client library: seconds, not the 60 s lease.
-        let started = Instant::now();
-        let reply = loop {
-            let reply = Req::payment(&server, &key, PAYMENT).send();
-            if reply.status != 409 || started.elapsed() > Duration::from_secs(5) {
-                break reply;
-            }
-            let hint: u64 = reply.header("retry-after").unwrap().parse().unwrap();
-            assert!(hint <= 60, "Retry-After within the lease");
-            thread::sleep(Duration::from_millis(50));
-        };
-        slowest = slowest.max(started.elapsed());
-        assert_eq!(
-            reply.status, 201,
-            "key {key}: the retry must run or replay, not wait out the lease: {reply:?}"
-        );
+on_every_engine! {
+    fn smoke_a_retry_replays_the_first_response(b: Backend) {
+        let server = start_default(&b, Processor::default());
+        let first = Req::payment(&server, "\"k-1\"", PAYMENT).send();
+        assert_eq!(first.status, 201);
+        let second = Req::payment(&server, "\"k-1\"", PAYMENT).send();
+        assert_eq!(second.status, 201);
+        assert!(second.replayed());
+        assert_eq!(second.body, first.body);
+        assert_eq!(server.processor.executions(), 1);
     }
-    wait_until("every handler finished", || {
-        server.processor.finished() == server.processor.executions()
-    });
-    assert_eq!(
-        server.processor.executions(),
-        KEYS,
-        "exactly one charge per key"
-    );
-    assert!(
-        slowest < Duration::from_secs(5),
-        "slowest key took {slowest:?}"
-    );
 }
 
-/// While the first attempt runs (its client still waiting), a retry with the same key gets
-/// 409 with `Retry-After` and an in-progress problem; once the first is done, the retry gets a
-/// byte-identical replay (status, headers, body) marked `Idempotent-Replayed: true`.
-#[test]
-fn a_retry_during_the_first_attempt_gets_409_and_after_it_a_byte_identical_replay() {
-    let server = start_default(Processor::with_delay(Duration::from_millis(500)));
-    let original = thread::scope(|s| {
-        let first = s.spawn(|| Req::payment(&server, "\"k-1\"", PAYMENT).send());
-        wait_until("the first attempt started", || {
-            server.processor.executions() == 1
-        });
-        let early = Req::payment(&server, "\"k-1\"", PAYMENT).send();
+on_every_engine! {
+    /// The first attempt charges, its client times out (the response is lost); the retry with the
+    /// same key, after the first finished, gets the first attempt's response byte for byte, and
+    /// the card is charged once. A retry while the first still runs gets 409. This needs the
+    /// layer's spawner: hyper drops a request's future when its client disconnects, and the
+    /// spawner is what lets the handler finish and its response be stored anyway.
+    fn a_lost_response_is_replayed_to_the_retry_and_the_card_is_charged_once(b: Backend) {
+        let server = start(
+            b.store(),
+            Processor::with_delay(Duration::from_millis(300)),
+            |b| {
+                b.spawner(|f| {
+                    tokio::spawn(f);
+                })
+            },
+        );
+        let first = Req::payment(&server, "\"lost-1\"", PAYMENT).timeout(Duration::from_millis(100));
+        let err = first
+            .try_send()
+            .expect_err("the client gives up after 100 ms");
+        assert!(matches!(err, ureq::Error::Timeout(_)), "{err}");
+        assert_eq!(server.processor.executions(), 1, "the card was charged");
+
+        // While the first attempt still runs, a retry is told to come back later.
+        let early = Req::payment(&server, "\"lost-1\"", PAYMENT).send();
         early.assert_problem(409, IN_PROGRESS);
         let retry_after: u64 = early.header("retry-after").unwrap().parse().unwrap();
-        assert!(retry_after >= 1, "delta-seconds, rounded up");
-        first.join().unwrap()
-    });
-    assert_eq!(original.status, 201);
-    assert!(!original.replayed());
+        assert!(retry_after >= 1);
 
-    let retry = Req::payment(&server, "\"k-1\"", PAYMENT).send();
-    assert!(retry.replayed());
-    assert_eq!(retry.status, original.status);
-    assert_eq!(retry.handler_headers(), original.handler_headers());
-    assert_eq!(retry.header("content-type"), Some("application/json"));
-    assert_eq!(retry.body, original.body);
-    // The bare-token spelling of the same key is the same key.
-    let bare = Req::payment(&server, "k-1", PAYMENT).send();
-    assert!(bare.replayed());
-    assert_eq!(bare.body, original.body);
-    assert_eq!(server.processor.executions(), 1);
+        // The handler returns at ~300 ms; its response is stored just after.
+        wait_until("the first attempt's response is stored", || {
+            server.store.stats().completes == 1
+        });
+        assert_eq!(server.processor.finished(), 1);
+        let retry = Req::payment(&server, "\"lost-1\"", PAYMENT).send();
+        assert!(retry.replayed(), "{retry:?}");
+        assert_eq!(retry.status, 201);
+        assert_eq!(retry.header("content-type"), Some("application/json"));
+        assert_eq!(retry.header("x-charge-id"), Some("pay_1"));
+        assert_eq!(
+            retry.body,
+            server.processor.answered.lock().unwrap()[0],
+            "the stored response is the one the first attempt produced"
+        );
+        assert_eq!(server.processor.executions(), 1, "charged once in total");
+    }
+}
+
+on_every_engine! {
+    /// Without a spawner, a client disconnect cancels the handler mid-way. It may already have
+    /// charged, so the layer must not release the key: the retry gets 409 until the lease runs
+    /// out, and only then runs (as a takeover).
+    fn without_a_spawner_a_handler_cancelled_by_a_disconnect_keeps_its_claim_until_the_lease_ends(b: Backend) {
+        let store = b.open(Store::builder()
+            .lease(Duration::from_secs(3)));
+        let server = start(
+            store,
+            Processor::default().script([Step::Answer {
+                status: 201,
+                delay: Duration::from_millis(300),
+            }]),
+            |b| b,
+        );
+        let started = Instant::now();
+        let err = Req::payment(&server, "cut-1", PAYMENT)
+            .timeout(Duration::from_millis(100))
+            .try_send()
+            .expect_err("the client gives up after 100 ms");
+        assert!(matches!(err, ureq::Error::Timeout(_)), "{err}");
+        // Past the handler's own 300 ms: it was cancelled, never finished, and never released.
+        thread::sleep(Duration::from_millis(500).saturating_sub(started.elapsed()));
+        assert_eq!(server.processor.executions(), 1);
+        assert_eq!(server.processor.finished(), 0, "the handler was cancelled");
+        let retry = Req::payment(&server, "cut-1", PAYMENT).send();
+        retry.assert_problem(409, IN_PROGRESS);
+        // Nobody is left to finish the cancelled handler: the retry is told when the lease ends
+        // (about 2.5 s from now, rounded up), not the usual one-second hint.
+        let hint: u64 = retry.header("retry-after").unwrap().parse().unwrap();
+        assert_eq!(hint, 3, "Retry-After names the lease's end");
+        assert_eq!(server.store.stats().releases, 0);
+        assert_eq!(server.processor.executions(), 1, "no second charge");
+
+        thread::sleep(Duration::from_millis(3300).saturating_sub(started.elapsed()));
+        let later = Req::payment(&server, "cut-1", PAYMENT).send();
+        assert_eq!(later.status, 201);
+        assert!(!later.replayed());
+        assert_eq!(server.store.stats().takeovers, 1);
+        assert_eq!(server.processor.executions(), 2);
+    }
+}
+
+on_every_engine! {
+    /// Regression: a client that hung up while its claim was being made durable stranded the key.
+    /// hyper dropped the request future inside `claim_async`; the claim still landed, nobody held
+    /// its ticket, the handler never ran, and every retry got 409 (`Retry-After: 1`) for the whole
+    /// 60 s lease. A claim nobody received must not hold its key: the retry runs (or replays, if
+    /// the handler was already detached), promptly, and the card is charged exactly once.
+    fn a_client_that_hangs_up_while_its_claim_is_made_durable_does_not_strand_the_key(b: Backend) {
+        use std::io::Write as _;
+        const KEYS: u32 = 60;
+        // A store on a real disk, so a claim takes an fsync to become durable: the window.
+        let store = b.store();
+        let server = start(
+            store,
+            Processor::with_delay(Duration::from_millis(2)),
+            |b| {
+                b.spawner(|f| {
+                    tokio::spawn(f);
+                })
+            },
+        );
+        let addr = server.base.trim_start_matches("http://").to_owned();
+        let mut slowest = Duration::ZERO;
+        for i in 0..KEYS {
+            let key = format!("hangup-{i}");
+            let request = format!(
+                "POST /v1/payments HTTP/1.1\r\nhost: {addr}\r\nx-api-key: t-a\r\n\
+                 idempotency-key: {key}\r\ncontent-type: application/json\r\n\
+                 content-length: {}\r\n\r\n{PAYMENT}",
+                PAYMENT.len()
+            );
+            let mut socket = std::net::TcpStream::connect(&addr).unwrap();
+            socket.write_all(request.as_bytes()).unwrap();
+            // Hang up 0.1 to 2 ms after the request is out: mostly while the claim is in flight.
+            thread::sleep(Duration::from_micros(100 + u64::from(i * 37 % 20) * 100));
+            drop(socket);
+            // The retry budget of a real client library: seconds, not the 60 s lease.
+            let started = Instant::now();
+            let reply = loop {
+                let reply = Req::payment(&server, &key, PAYMENT).send();
+                if reply.status != 409 || started.elapsed() > Duration::from_secs(5) {
+                    break reply;
+                }
+                let hint: u64 = reply.header("retry-after").unwrap().parse().unwrap();
+                assert!(hint <= 60, "Retry-After within the lease");
+                thread::sleep(Duration::from_millis(50));
+            };
+            slowest = slowest.max(started.elapsed());
+            assert_eq!(
+                reply.status, 201,
+                "key {key}: the retry must run or replay, not wait out the lease: {reply:?}"
+            );
+        }
+        wait_until("every handler finished", || {
+            server.processor.finished() == server.processor.executions()
+        });
+        assert_eq!(
+            server.processor.executions(),
+            KEYS,
+            "exactly one charge per key"
+        );
+        assert!(
+            slowest < Duration::from_secs(5),
+            "slowest key took {slowest:?}"
+        );
+    }
+}
+
+on_every_engine! {
+    /// While the first attempt runs (its client still waiting), a retry with the same key gets
+    /// 409 with `Retry-After` and an in-progress problem; once the first is done, the retry gets a
+    /// byte-identical replay (status, headers, body) marked `Idempotent-Replayed: true`.
+    fn a_retry_during_the_first_attempt_gets_409_and_after_it_a_byte_identical_replay(b: Backend) {
+        let server = start_default(&b, Processor::with_delay(Duration::from_millis(500)));
+        let original = thread::scope(|s| {
+            let first = s.spawn(|| Req::payment(&server, "\"k-1\"", PAYMENT).send());
+            wait_until("the first attempt started", || {
+                server.processor.executions() == 1
+            });
+            let early = Req::payment(&server, "\"k-1\"", PAYMENT).send();
+            early.assert_problem(409, IN_PROGRESS);
+            let retry_after: u64 = early.header("retry-after").unwrap().parse().unwrap();
+            assert!(retry_after >= 1, "delta-seconds, rounded up");
+            first.join().unwrap()
+        });
+        assert_eq!(original.status, 201);
+        assert!(!original.replayed());
+
+        let retry = Req::payment(&server, "\"k-1\"", PAYMENT).send();
+        assert!(retry.replayed());
+        assert_eq!(retry.status, original.status);
+        assert_eq!(retry.handler_headers(), original.handler_headers());
+        assert_eq!(retry.header("content-type"), Some("application/json"));
+        assert_eq!(retry.body, original.body);
+        // The bare-token spelling of the same key is the same key.
+        let bare = Req::payment(&server, "k-1", PAYMENT).send();
+        assert!(bare.replayed());
+        assert_eq!(bare.body, original.body);
+        assert_eq!(server.processor.executions(), 1);
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
 // Concurrent duplicates.
 
-#[test]
-fn concurrent_duplicates_execute_once_and_the_rest_get_409() {
-    const N: usize = 8;
-    // Long enough for all N to arrive while the first runs, even on a loaded machine.
-    let server = start_default(Processor::with_delay(Duration::from_millis(800)));
-    let replies = send_concurrently(N, || Req::payment(&server, "dup-1", PAYMENT));
-    let created: Vec<_> = replies.iter().filter(|r| r.status == 201).collect();
-    assert_eq!(created.len(), 1, "{replies:?}");
-    assert!(!created[0].replayed());
-    for r in replies.iter().filter(|r| r.status != 201) {
-        r.assert_problem(409, IN_PROGRESS);
-        assert!(r.header("retry-after").is_some());
+on_every_engine! {
+    fn concurrent_duplicates_execute_once_and_the_rest_get_409(b: Backend) {
+        const N: usize = 8;
+        // Long enough for all N to arrive while the first runs, even on a loaded machine.
+        let server = start_default(&b, Processor::with_delay(Duration::from_millis(800)));
+        let replies = send_concurrently(N, || Req::payment(&server, "dup-1", PAYMENT));
+        let created: Vec<_> = replies.iter().filter(|r| r.status == 201).collect();
+        assert_eq!(created.len(), 1, "{replies:?}");
+        assert!(!created[0].replayed());
+        for r in replies.iter().filter(|r| r.status != 201) {
+            r.assert_problem(409, IN_PROGRESS);
+            assert!(r.header("retry-after").is_some());
+        }
+        assert_eq!(server.processor.executions(), 1);
+        let stats = server.store.stats();
+        assert_eq!((stats.acquired, stats.in_progress), (1, N as u64 - 1));
     }
-    assert_eq!(server.processor.executions(), 1);
-    let stats = server.store.stats();
-    assert_eq!((stats.acquired, stats.in_progress), (1, N as u64 - 1));
 }
 
-#[test]
-fn concurrent_duplicates_wait_for_in_flight_and_get_the_replay() {
-    const N: usize = 8;
-    let server = start(
-        Store::in_memory().unwrap(),
-        Processor::with_delay(Duration::from_millis(300)),
-        |b| b.wait_for_in_flight(Duration::from_secs(5)),
-    );
-    let replies = send_concurrently(N, || Req::payment(&server, "dup-2", PAYMENT));
-    assert!(replies.iter().all(|r| r.status == 201), "{replies:?}");
-    let fresh: Vec<_> = replies.iter().filter(|r| !r.replayed()).collect();
-    assert_eq!(fresh.len(), 1, "{replies:?}");
-    for r in &replies {
-        assert_eq!(r.body, fresh[0].body);
-        assert_eq!(r.handler_headers(), fresh[0].handler_headers());
+on_every_engine! {
+    fn concurrent_duplicates_wait_for_in_flight_and_get_the_replay(b: Backend) {
+        const N: usize = 8;
+        let server = start(
+            b.store(),
+            Processor::with_delay(Duration::from_millis(300)),
+            |b| b.wait_for_in_flight(Duration::from_secs(5)),
+        );
+        let replies = send_concurrently(N, || Req::payment(&server, "dup-2", PAYMENT));
+        assert!(replies.iter().all(|r| r.status == 201), "{replies:?}");
+        let fresh: Vec<_> = replies.iter().filter(|r| !r.replayed()).collect();
+        assert_eq!(fresh.len(), 1, "{replies:?}");
+        for r in &replies {
+            assert_eq!(r.body, fresh[0].body);
+            assert_eq!(r.handler_headers(), fresh[0].handler_headers());
+        }
+        assert_eq!(server.processor.executions(), 1);
     }
-    assert_eq!(server.processor.executions(), 1);
 }
 
 // ---------------------------------------------------------------------------------------------
 // The fingerprint.
 
-#[test]
-fn a_reused_key_with_a_different_amount_gets_422_and_no_second_charge() {
-    let server = start_default(Processor::default());
-    let first = Req::payment(&server, "fp-1", PAYMENT).send();
-    assert_eq!(first.status, 201);
-    let other = Req::payment(&server, "fp-1", r#"{"amount":500000,"currency":"usd"}"#).send();
-    other.assert_problem(422, MISMATCH);
-    assert_eq!(server.processor.executions(), 1, "no second charge");
-    // The mismatch changed nothing: the original request still replays.
-    let retry = Req::payment(&server, "fp-1", PAYMENT).send();
-    assert!(retry.replayed());
-    assert_eq!(retry.body, first.body);
-    assert_eq!(server.processor.executions(), 1);
+on_every_engine! {
+    fn a_reused_key_with_a_different_amount_gets_422_and_no_second_charge(b: Backend) {
+        let server = start_default(&b, Processor::default());
+        let first = Req::payment(&server, "fp-1", PAYMENT).send();
+        assert_eq!(first.status, 201);
+        let other = Req::payment(&server, "fp-1", r#"{"amount":500000,"currency":"usd"}"#).send();
+        other.assert_problem(422, MISMATCH);
+        assert_eq!(server.processor.executions(), 1, "no second charge");
+        // The mismatch changed nothing: the original request still replays.
+        let retry = Req::payment(&server, "fp-1", PAYMENT).send();
+        assert!(retry.replayed());
+        assert_eq!(retry.body, first.body);
+        assert_eq!(server.processor.executions(), 1);
+    }
 }
 
-#[test]
-fn the_same_json_with_reordered_keys_and_other_whitespace_is_a_replay_not_a_422() {
-    let server = start_default(Processor::default());
-    let first = Req::payment(&server, "fp-2", r#"{"amount":5000,"currency":"usd"}"#).send();
-    assert_eq!(first.status, 201);
-    let respelled = Req::payment(
-        &server,
-        "fp-2",
-        "{\n  \"currency\" : \"usd\",\n  \"amount\" : 5000\n}\n",
-    )
-    .send();
-    assert_eq!(respelled.status, 201, "{}", respelled.text());
-    assert!(respelled.replayed());
-    assert_eq!(respelled.body, first.body);
-    // Other spellings of the same value: a number's exponent form, an escaped character.
-    let escaped = Req::payment(&server, "fp-2", r#"{"currency":"\u0075sd","amount":5e3}"#).send();
-    assert_eq!(escaped.status, 201, "{}", escaped.text());
-    assert!(escaped.replayed());
-    // A different value is still a different request.
-    let other = Req::payment(&server, "fp-2", r#"{"currency":"usd","amount":5001}"#).send();
-    other.assert_problem(422, MISMATCH);
-    assert_eq!(server.processor.executions(), 1);
+on_every_engine! {
+    fn the_same_json_with_reordered_keys_and_other_whitespace_is_a_replay_not_a_422(b: Backend) {
+        let server = start_default(&b, Processor::default());
+        let first = Req::payment(&server, "fp-2", r#"{"amount":5000,"currency":"usd"}"#).send();
+        assert_eq!(first.status, 201);
+        let respelled = Req::payment(
+            &server,
+            "fp-2",
+            "{\n  \"currency\" : \"usd\",\n  \"amount\" : 5000\n}\n",
+        )
+        .send();
+        assert_eq!(respelled.status, 201, "{}", respelled.text());
+        assert!(respelled.replayed());
+        assert_eq!(respelled.body, first.body);
+        // Other spellings of the same value: a number's exponent form, an escaped character.
+        let escaped = Req::payment(&server, "fp-2", r#"{"currency":"\u0075sd","amount":5e3}"#).send();
+        assert_eq!(escaped.status, 201, "{}", escaped.text());
+        assert!(escaped.replayed());
+        // A different value is still a different request.
+        let other = Req::payment(&server, "fp-2", r#"{"currency":"usd","amount":5001}"#).send();
+        other.assert_problem(422, MISMATCH);
+        assert_eq!(server.processor.executions(), 1);
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
 // The outcome policy: store what belongs to the request, release what belongs to the moment.
 
-#[test]
-fn a_503_from_the_handler_releases_the_key_and_the_retry_executes_and_is_stored() {
-    let server = start_default(Processor::default().script([answer(503)]));
-    let outage = Req::payment(&server, "out-1", PAYMENT).send();
-    assert_eq!(outage.status, 503);
-    assert!(!outage.replayed());
-    let retry = Req::payment(&server, "out-1", PAYMENT).send();
-    assert_eq!(retry.status, 201);
-    assert!(!retry.replayed(), "the retry executed");
-    assert_eq!(server.processor.executions(), 2);
-    let again = Req::payment(&server, "out-1", PAYMENT).send();
-    assert!(again.replayed(), "the second outcome was stored");
-    assert_eq!(again.body, retry.body);
-    assert_eq!(server.processor.executions(), 2);
-}
-
-#[test]
-fn a_422_from_the_handler_is_stored_and_replayed() {
-    let server = start_default(Processor::default().script([answer(422)]));
-    let invalid = Req::payment(&server, "inv-1", PAYMENT).send();
-    assert_eq!(invalid.status, 422);
-    assert_eq!(invalid.header("content-type"), Some("application/json"));
-    let retry = Req::payment(&server, "inv-1", PAYMENT).send();
-    assert_eq!(retry.status, 422);
-    assert!(retry.replayed());
-    assert_eq!(retry.body, invalid.body);
-    assert_eq!(server.processor.executions(), 1);
-}
-
-#[test]
-fn a_409_or_429_from_the_handler_releases_the_key() {
-    for status in [409, 429] {
-        let server = start_default(Processor::default().script([answer(status)]));
-        let first = Req::payment(&server, "busy-1", PAYMENT).send();
-        assert_eq!(first.status, status);
-        assert_eq!(
-            first.header("content-type"),
-            Some("application/json"),
-            "the handler's own {status}, not the layer's"
-        );
-        let retry = Req::payment(&server, "busy-1", PAYMENT).send();
-        assert_eq!(retry.status, 201, "after a {status}");
-        assert!(!retry.replayed());
+on_every_engine! {
+    fn a_503_from_the_handler_releases_the_key_and_the_retry_executes_and_is_stored(b: Backend) {
+        let server = start_default(&b, Processor::default().script([answer(503)]));
+        let outage = Req::payment(&server, "out-1", PAYMENT).send();
+        assert_eq!(outage.status, 503);
+        assert!(!outage.replayed());
+        let retry = Req::payment(&server, "out-1", PAYMENT).send();
+        assert_eq!(retry.status, 201);
+        assert!(!retry.replayed(), "the retry executed");
         assert_eq!(server.processor.executions(), 2);
-        let stats = server.store.stats();
-        assert_eq!((stats.releases, stats.completes), (1, 1));
+        let again = Req::payment(&server, "out-1", PAYMENT).send();
+        assert!(again.replayed(), "the second outcome was stored");
+        assert_eq!(again.body, retry.body);
+        assert_eq!(server.processor.executions(), 2);
+    }
+}
+
+on_every_engine! {
+    fn a_422_from_the_handler_is_stored_and_replayed(b: Backend) {
+        let server = start_default(&b, Processor::default().script([answer(422)]));
+        let invalid = Req::payment(&server, "inv-1", PAYMENT).send();
+        assert_eq!(invalid.status, 422);
+        assert_eq!(invalid.header("content-type"), Some("application/json"));
+        let retry = Req::payment(&server, "inv-1", PAYMENT).send();
+        assert_eq!(retry.status, 422);
+        assert!(retry.replayed());
+        assert_eq!(retry.body, invalid.body);
+        assert_eq!(server.processor.executions(), 1);
+    }
+}
+
+on_every_engine! {
+    fn a_409_or_429_from_the_handler_releases_the_key(b: Backend) {
+        for status in [409, 429] {
+            let server = start_default(&b, Processor::default().script([answer(status)]));
+            let key = format!("busy-{status}");
+            let first = Req::payment(&server, &key, PAYMENT).send();
+            assert_eq!(first.status, status);
+            assert_eq!(
+                first.header("content-type"),
+                Some("application/json"),
+                "the handler's own {status}, not the layer's"
+            );
+            let retry = Req::payment(&server, &key, PAYMENT).send();
+            assert_eq!(retry.status, 201, "after a {status}");
+            assert!(!retry.replayed());
+            assert_eq!(server.processor.executions(), 2);
+            let stats = server.store.stats();
+            assert_eq!((stats.releases, stats.completes), (1, 1));
+        }
     }
 }
 
 // ---------------------------------------------------------------------------------------------
 // Scope.
 
-#[test]
-fn a_tenant_never_receives_another_tenants_response_for_the_same_key() {
-    let server = start_default(Processor::default());
-    let a = Req::payment(&server, "shared-key", PAYMENT)
-        .tenant("t-a")
-        .send();
-    let b = Req::payment(&server, "shared-key", PAYMENT)
-        .without("x-api-key")
-        .tenant("t-b")
-        .send();
-    assert_eq!((a.status, b.status), (201, 201));
-    assert!(!b.replayed(), "tenant B executed its own request");
-    assert!(a.text().contains(r#""tenant":"t-a""#));
-    assert!(b.text().contains(r#""tenant":"t-b""#));
-    assert_ne!(a.body, b.body);
-    assert_eq!(server.processor.executions(), 2);
-    // Each tenant's retry replays its own response.
-    let a2 = Req::payment(&server, "shared-key", PAYMENT).send();
-    let b2 = Req::payment(&server, "shared-key", PAYMENT)
-        .without("x-api-key")
-        .tenant("t-b")
-        .send();
-    assert!(a2.replayed() && b2.replayed());
-    assert_eq!((a2.body, b2.body), (a.body, b.body));
-    assert_eq!(server.processor.executions(), 2);
+on_every_engine! {
+    fn a_tenant_never_receives_another_tenants_response_for_the_same_key(b: Backend) {
+        let server = start_default(&b, Processor::default());
+        let a = Req::payment(&server, "shared-key", PAYMENT)
+            .tenant("t-a")
+            .send();
+        let b = Req::payment(&server, "shared-key", PAYMENT)
+            .without("x-api-key")
+            .tenant("t-b")
+            .send();
+        assert_eq!((a.status, b.status), (201, 201));
+        assert!(!b.replayed(), "tenant B executed its own request");
+        assert!(a.text().contains(r#""tenant":"t-a""#));
+        assert!(b.text().contains(r#""tenant":"t-b""#));
+        assert_ne!(a.body, b.body);
+        assert_eq!(server.processor.executions(), 2);
+        // Each tenant's retry replays its own response.
+        let a2 = Req::payment(&server, "shared-key", PAYMENT).send();
+        let b2 = Req::payment(&server, "shared-key", PAYMENT)
+            .without("x-api-key")
+            .tenant("t-b")
+            .send();
+        assert!(a2.replayed() && b2.replayed());
+        assert_eq!((a2.body, b2.body), (a.body, b.body));
+        assert_eq!(server.processor.executions(), 2);
+    }
 }
 
-#[test]
-fn a_request_without_a_tenant_gets_401_and_nothing_is_claimed() {
-    let server = start_default(Processor::default());
-    let anonymous = Req::payment(&server, "anon-1", PAYMENT)
-        .without("x-api-key")
-        .send();
-    anonymous.assert_problem(401, NO_TENANT);
-    assert_eq!(server.processor.executions(), 0, "the handler never ran");
-    assert_eq!(server.store.stats().acquired, 0);
-    assert_eq!(server.store.stats().live_records, 0);
-    // The same key with a tenant is new work.
-    let known = Req::payment(&server, "anon-1", PAYMENT).send();
-    assert_eq!(known.status, 201);
-    assert!(!known.replayed());
-    assert_eq!(server.processor.executions(), 1);
+on_every_engine! {
+    fn a_request_without_a_tenant_gets_401_and_nothing_is_claimed(b: Backend) {
+        let server = start_default(&b, Processor::default());
+        let anonymous = Req::payment(&server, "anon-1", PAYMENT)
+            .without("x-api-key")
+            .send();
+        anonymous.assert_problem(401, NO_TENANT);
+        assert_eq!(server.processor.executions(), 0, "the handler never ran");
+        assert_eq!(server.store.stats().acquired, 0);
+        assert_eq!(server.store.stats().live_records, 0);
+        // The same key with a tenant is new work.
+        let known = Req::payment(&server, "anon-1", PAYMENT).send();
+        assert_eq!(known.status, 201);
+        assert!(!known.replayed());
+        assert_eq!(server.processor.executions(), 1);
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
 // Refusals before any claim.
 
-#[test]
-fn every_bad_key_is_a_400_and_nothing_is_claimed() {
-    let server = start_default(Processor::default());
-    let missing = Req::payment(&server, "x", PAYMENT)
-        .without("idempotency-key")
-        .send();
-    missing.assert_problem(400, MISSING_KEY);
+on_every_engine! {
+    fn every_bad_key_is_a_400_and_nothing_is_claimed(b: Backend) {
+        let server = start_default(&b, Processor::default());
+        let missing = Req::payment(&server, "x", PAYMENT)
+            .without("idempotency-key")
+            .send();
+        missing.assert_problem(400, MISSING_KEY);
 
-    let long = "k".repeat(256);
-    for key in [
-        "\"\"",
-        "\"a b\"",
-        "a b",
-        long.as_str(),
-        "clé-1",
-        "\"clé-1\"",
-        "\"abc",
-    ] {
-        let reply = Req::payment(&server, key, PAYMENT).send();
-        assert_eq!(reply.status, 400, "key {key:?}");
-        assert_eq!(reply.problem_type(), MALFORMED_KEY, "key {key:?}");
+        let long = "k".repeat(256);
+        for key in [
+            "\"\"",
+            "\"a b\"",
+            "a b",
+            long.as_str(),
+            "clé-1",
+            "\"clé-1\"",
+            "\"abc",
+        ] {
+            let reply = Req::payment(&server, key, PAYMENT).send();
+            assert_eq!(reply.status, 400, "key {key:?}");
+            assert_eq!(reply.problem_type(), MALFORMED_KEY, "key {key:?}");
+        }
+        let twice = Req::payment(&server, "two-1", PAYMENT).key("two-2").send();
+        twice.assert_problem(400, REPEATED_KEY);
+        let twice_same = Req::payment(&server, "two-1", PAYMENT).key("two-1").send();
+        twice_same.assert_problem(400, REPEATED_KEY);
+
+        assert_eq!(server.processor.executions(), 0);
+        assert_eq!(server.store.stats().acquired, 0);
+        // 255 characters is still a key.
+        let longest = Req::payment(&server, &"k".repeat(255), PAYMENT).send();
+        assert_eq!(longest.status, 201);
     }
-    let twice = Req::payment(&server, "two-1", PAYMENT).key("two-2").send();
-    twice.assert_problem(400, REPEATED_KEY);
-    let twice_same = Req::payment(&server, "two-1", PAYMENT).key("two-1").send();
-    twice_same.assert_problem(400, REPEATED_KEY);
-
-    assert_eq!(server.processor.executions(), 0);
-    assert_eq!(server.store.stats().acquired, 0);
-    // 255 characters is still a key.
-    let longest = Req::payment(&server, &"k".repeat(255), PAYMENT).send();
-    assert_eq!(longest.status, 201);
 }
 
-#[test]
-fn a_body_over_the_cap_gets_413_and_nothing_is_claimed() {
-    let server = start(Store::in_memory().unwrap(), Processor::default(), |b| {
-        b.max_body_bytes(1024)
-    });
-    let big = format!(r#"{{"amount":5000,"memo":"{}"}}"#, "x".repeat(2000));
-    let declared = Req::payment(&server, "big-1", &big).send();
-    declared.assert_problem(413, BODY_TOO_LARGE);
-    // Without a Content-Length, the layer finds out while reading.
-    let chunked = Req::payment(&server, "big-2", "")
-        .raw_body(big.into_bytes())
-        .chunked()
-        .send();
-    chunked.assert_problem(413, BODY_TOO_LARGE);
-    assert_eq!(server.processor.executions(), 0);
-    assert_eq!(server.store.stats().acquired, 0);
+on_every_engine! {
+    fn a_body_over_the_cap_gets_413_and_nothing_is_claimed(b: Backend) {
+        let server = start(b.store(), Processor::default(), |b| {
+            b.max_body_bytes(1024)
+        });
+        let big = format!(r#"{{"amount":5000,"memo":"{}"}}"#, "x".repeat(2000));
+        let declared = Req::payment(&server, "big-1", &big).send();
+        declared.assert_problem(413, BODY_TOO_LARGE);
+        // Without a Content-Length, the layer finds out while reading.
+        let chunked = Req::payment(&server, "big-2", "")
+            .raw_body(big.into_bytes())
+            .chunked()
+            .send();
+        chunked.assert_problem(413, BODY_TOO_LARGE);
+        assert_eq!(server.processor.executions(), 0);
+        assert_eq!(server.store.stats().acquired, 0);
 
-    // Nothing was claimed: the same keys with a small body execute.
-    for key in ["big-1", "big-2"] {
-        let small = Req::payment(&server, key, PAYMENT).send();
-        assert_eq!(small.status, 201);
-        assert!(!small.replayed());
+        // Nothing was claimed: the same keys with a small body execute.
+        for key in ["big-1", "big-2"] {
+            let small = Req::payment(&server, key, PAYMENT).send();
+            assert_eq!(small.status, 201);
+            assert!(!small.replayed());
+        }
+        // Exactly at the cap is accepted.
+        let at_cap = format!(r#"{{"memo":"{}"}}"#, "x".repeat(1024 - 11));
+        assert_eq!(at_cap.len(), 1024);
+        assert_eq!(Req::payment(&server, "cap-1", &at_cap).send().status, 201);
+        assert_eq!(server.processor.executions(), 3);
     }
-    // Exactly at the cap is accepted.
-    let at_cap = format!(r#"{{"memo":"{}"}}"#, "x".repeat(1024 - 11));
-    assert_eq!(at_cap.len(), 1024);
-    assert_eq!(Req::payment(&server, "cap-1", &at_cap).send().status, 201);
-    assert_eq!(server.processor.executions(), 3);
 }
 
 // ---------------------------------------------------------------------------------------------
 // Pass-through.
 
-#[test]
-fn with_key_required_false_a_request_without_a_key_passes_through_unguarded() {
-    let server = start(Store::in_memory().unwrap(), Processor::default(), |b| {
-        b.key_required(false)
-    });
-    for _ in 0..2 {
-        let reply = Req::payment(&server, "x", PAYMENT)
-            .without("idempotency-key")
-            .send();
-        assert_eq!(reply.status, 201);
-        assert!(!reply.replayed());
+on_every_engine! {
+    fn with_key_required_false_a_request_without_a_key_passes_through_unguarded(b: Backend) {
+        let server = start(b.store(), Processor::default(), |b| {
+            b.key_required(false)
+        });
+        for _ in 0..2 {
+            let reply = Req::payment(&server, "x", PAYMENT)
+                .without("idempotency-key")
+                .send();
+            assert_eq!(reply.status, 201);
+            assert!(!reply.replayed());
+        }
+        assert_eq!(server.processor.executions(), 2, "unguarded: both ran");
+        assert_eq!(server.store.stats().acquired, 0);
+        // A request with a key is still guarded.
+        let keyed = Req::payment(&server, "opt-1", PAYMENT).send();
+        let again = Req::payment(&server, "opt-1", PAYMENT).send();
+        assert!(!keyed.replayed() && again.replayed());
+        assert_eq!(server.processor.executions(), 3);
     }
-    assert_eq!(server.processor.executions(), 2, "unguarded: both ran");
-    assert_eq!(server.store.stats().acquired, 0);
-    // A request with a key is still guarded.
-    let keyed = Req::payment(&server, "opt-1", PAYMENT).send();
-    let again = Req::payment(&server, "opt-1", PAYMENT).send();
-    assert!(!keyed.replayed() && again.replayed());
-    assert_eq!(server.processor.executions(), 3);
 }
 
-#[test]
-fn a_get_passes_through_even_with_a_key() {
-    let server = start_default(Processor::default());
-    for _ in 0..2 {
-        let reply = Req::new("GET", &server, "/v1/payments")
-            .tenant("t-a")
-            .key("get-1")
-            .send();
-        assert_eq!(reply.status, 201);
-        assert!(!reply.replayed());
+on_every_engine! {
+    fn a_get_passes_through_even_with_a_key(b: Backend) {
+        let server = start_default(&b, Processor::default());
+        for _ in 0..2 {
+            let reply = Req::new("GET", &server, "/v1/payments")
+                .tenant("t-a")
+                .key("get-1")
+                .send();
+            assert_eq!(reply.status, 201);
+            assert!(!reply.replayed());
+        }
+        // Not even a tenant or a well-formed key is needed.
+        let bare = Req::new("GET", &server, "/v1/payments").key("\"\"").send();
+        assert_eq!(bare.status, 201);
+        assert_eq!(server.processor.executions(), 3);
+        assert_eq!(server.store.stats().acquired, 0);
     }
-    // Not even a tenant or a well-formed key is needed.
-    let bare = Req::new("GET", &server, "/v1/payments").key("\"\"").send();
-    assert_eq!(bare.status, 201);
-    assert_eq!(server.processor.executions(), 3);
-    assert_eq!(server.store.stats().acquired, 0);
 }
 
 // ---------------------------------------------------------------------------------------------
 // Failure inside the handler.
 
-#[test]
-fn a_panic_in_the_handler_releases_the_key_and_the_next_attempt_executes() {
-    let server = start_default(Processor::default().script([Step::Panic]));
-    let crashed = Req::payment(&server, "boom-1", PAYMENT).send();
-    crashed.assert_problem(500, HANDLER_PANICKED);
-    let retry = Req::payment(&server, "boom-1", PAYMENT).send();
-    assert_eq!(retry.status, 201);
-    assert!(!retry.replayed(), "the retry executed");
-    assert_eq!(server.processor.executions(), 2);
-    // The server survived the panic and the outcome is now stored.
-    assert!(Req::payment(&server, "boom-1", PAYMENT).send().replayed());
+on_every_engine! {
+    fn a_panic_in_the_handler_releases_the_key_and_the_next_attempt_executes(b: Backend) {
+        let server = start_default(&b, Processor::default().script([Step::Panic]));
+        let crashed = Req::payment(&server, "boom-1", PAYMENT).send();
+        crashed.assert_problem(500, HANDLER_PANICKED);
+        let retry = Req::payment(&server, "boom-1", PAYMENT).send();
+        assert_eq!(retry.status, 201);
+        assert!(!retry.replayed(), "the retry executed");
+        assert_eq!(server.processor.executions(), 2);
+        // The server survived the panic and the outcome is now stored.
+        assert!(Req::payment(&server, "boom-1", PAYMENT).send().replayed());
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
 // Stored headers.
 
-#[test]
-fn a_replay_drops_set_cookie_and_date_and_keeps_other_headers_in_order_with_repeats() {
-    let server = start_default(Processor::default());
-    let send = || {
-        Req::new("POST", &server, "/v1/headers")
-            .tenant("t-a")
-            .key("hdr-1")
-            .send()
-    };
-    let first = send();
-    assert_eq!(first.status, 201);
-    assert_eq!(
-        first.header_all("set-cookie").len(),
-        2,
-        "the original has them"
-    );
-    let replay = send();
-    assert!(replay.replayed());
-    assert_eq!(replay.status, 201);
-    assert_eq!(replay.body, first.body);
-    assert!(replay.header("set-cookie").is_none(), "{replay:?}");
-    assert_ne!(
-        replay.header("date"),
-        Some("Wed, 21 Oct 2015 07:28:00 GMT"),
-        "a replay gets its own Date"
-    );
-    assert_eq!(replay.header_all("x-a"), ["a1", "a2", "a3"]);
-    let expected: Vec<_> = first
-        .handler_headers()
-        .into_iter()
-        .filter(|(n, _)| n != "set-cookie")
-        .collect();
-    assert_eq!(replay.handler_headers(), expected);
-    let names: Vec<_> = expected.iter().map(|(n, _)| n.as_str()).collect();
-    assert_eq!(
-        names,
-        [
-            "content-type",
-            "x-b",
-            "x-a",
-            "x-a",
-            "x-a",
-            "link",
-            "cache-control"
-        ]
-    );
-    assert_eq!(server.processor.executions(), 1);
+on_every_engine! {
+    fn a_replay_drops_set_cookie_and_date_and_keeps_other_headers_in_order_with_repeats(b: Backend) {
+        let server = start_default(&b, Processor::default());
+        let send = || {
+            Req::new("POST", &server, "/v1/headers")
+                .tenant("t-a")
+                .key("hdr-1")
+                .send()
+        };
+        let first = send();
+        assert_eq!(first.status, 201);
+        assert_eq!(
+            first.header_all("set-cookie").len(),
+            2,
+            "the original has them"
+        );
+        let replay = send();
+        assert!(replay.replayed());
+        assert_eq!(replay.status, 201);
+        assert_eq!(replay.body, first.body);
+        assert!(replay.header("set-cookie").is_none(), "{replay:?}");
+        assert_ne!(
+            replay.header("date"),
+            Some("Wed, 21 Oct 2015 07:28:00 GMT"),
+            "a replay gets its own Date"
+        );
+        assert_eq!(replay.header_all("x-a"), ["a1", "a2", "a3"]);
+        let expected: Vec<_> = first
+            .handler_headers()
+            .into_iter()
+            .filter(|(n, _)| n != "set-cookie")
+            .collect();
+        assert_eq!(replay.handler_headers(), expected);
+        let names: Vec<_> = expected.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "content-type",
+                "x-b",
+                "x-a",
+                "x-a",
+                "x-a",
+                "link",
+                "cache-control"
+            ]
+        );
+        assert_eq!(server.processor.executions(), 1);
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
 // The lease heartbeat.
 
 /// A store with a 1 s lease; the handler takes 2.5 s; a retry arrives at 1.5 s.
-fn slow_handler_and_retry_past_the_lease(heartbeat: bool) -> (Server, Reply, Reply) {
-    let store = Store::builder()
-        .lease(Duration::from_secs(1))
-        .in_memory()
-        .unwrap();
+fn slow_handler_and_retry_past_the_lease(b: &Backend, heartbeat: bool) -> (Server, Reply, Reply) {
+    let store = b.open(Store::builder().lease(Duration::from_secs(1)));
     let processor = Processor::default().script([Step::Answer {
         status: 201,
         delay: Duration::from_millis(2500),
@@ -1010,85 +1029,86 @@ fn slow_handler_and_retry_past_the_lease(heartbeat: bool) -> (Server, Reply, Rep
     (server, first, retry)
 }
 
-#[test]
-fn the_heartbeat_keeps_a_slow_handler_from_being_taken_over() {
-    let (server, first, retry) = slow_handler_and_retry_past_the_lease(true);
-    retry.assert_problem(409, IN_PROGRESS);
-    assert_eq!(first.status, 201);
-    assert_eq!(server.processor.executions(), 1);
-    assert_eq!(server.store.stats().takeovers, 0);
-    let after = Req::payment(&server, "slow-1", PAYMENT).send();
-    assert!(after.replayed());
-    assert_eq!(after.body, first.body);
+on_every_engine! {
+    fn the_heartbeat_keeps_a_slow_handler_from_being_taken_over(b: Backend) {
+        let (server, first, retry) = slow_handler_and_retry_past_the_lease(&b, true);
+        retry.assert_problem(409, IN_PROGRESS);
+        assert_eq!(first.status, 201);
+        assert_eq!(server.processor.executions(), 1);
+        assert_eq!(server.store.stats().takeovers, 0);
+        let after = Req::payment(&server, "slow-1", PAYMENT).send();
+        assert!(after.replayed());
+        assert_eq!(after.body, first.body);
+    }
 }
 
-#[test]
-fn without_the_heartbeat_a_retry_after_the_lease_takes_a_slow_handler_over() {
-    let (server, first, retry) = slow_handler_and_retry_past_the_lease(false);
-    assert_eq!(retry.status, 201, "{}", retry.text());
-    assert!(!retry.replayed(), "the retry executed");
-    assert_eq!(first.status, 201);
-    assert_eq!(server.processor.executions(), 2, "charged twice");
-    assert_eq!(server.store.stats().takeovers, 1);
-    // The first attempt lost its lease, so the stored outcome is the takeover's.
-    let after = Req::payment(&server, "slow-1", PAYMENT).send();
-    assert!(after.replayed());
-    assert_eq!(after.body, retry.body);
+on_every_engine! {
+    fn without_the_heartbeat_a_retry_after_the_lease_takes_a_slow_handler_over(b: Backend) {
+        let (server, first, retry) = slow_handler_and_retry_past_the_lease(&b, false);
+        assert_eq!(retry.status, 201, "{}", retry.text());
+        assert!(!retry.replayed(), "the retry executed");
+        assert_eq!(first.status, 201);
+        assert_eq!(server.processor.executions(), 2, "charged twice");
+        assert_eq!(server.store.stats().takeovers, 1);
+        // The first attempt lost its lease, so the stored outcome is the takeover's.
+        let after = Req::payment(&server, "slow-1", PAYMENT).send();
+        assert!(after.replayed());
+        assert_eq!(after.body, retry.body);
+    }
 }
 
-/// Regression: a takeover ran the handler with nothing telling it so, although the whole point
-/// of a takeover is that the handler reconciles downstream first. The layer now puts the claim
-/// (key, fence, takeover) in the request's extensions.
-#[test]
-fn a_takeover_is_visible_to_the_handler() {
-    use axum::Extension;
-    use idemdb::http::Claimed;
-    let seen: Arc<Mutex<Vec<Claimed>>> = Arc::default();
-    let s = seen.clone();
-    let store = Store::builder()
-        .lease(Duration::from_secs(1))
-        .in_memory()
-        .unwrap();
-    let layer = IdempotencyLayer::builder(store, |_| Some("tenant".into())).build();
-    let app = Router::new()
-        .route(
-            "/v1/payments",
-            post(move |Extension(claimed): Extension<Claimed>| {
-                let s = s.clone();
-                async move {
-                    let first = claimed.takeover.is_none();
-                    s.lock().unwrap().push(claimed);
-                    if first {
-                        // The first attempt is slow; its client gives up and it is cancelled.
-                        tokio::time::sleep(Duration::from_millis(400)).await;
+on_every_engine! {
+    /// Regression: a takeover ran the handler with nothing telling it so, although the whole point
+    /// of a takeover is that the handler reconciles downstream first. The layer now puts the claim
+    /// (key, fence, takeover) in the request's extensions.
+    fn a_takeover_is_visible_to_the_handler(b: Backend) {
+        use axum::Extension;
+        use idemdb::http::Claimed;
+        let seen: Arc<Mutex<Vec<Claimed>>> = Arc::default();
+        let s = seen.clone();
+        let store = b.open(Store::builder()
+            .lease(Duration::from_secs(1)));
+        let layer = IdempotencyLayer::builder(store, |_| Some("tenant".into())).build();
+        let app = Router::new()
+            .route(
+                "/v1/payments",
+                post(move |Extension(claimed): Extension<Claimed>| {
+                    let s = s.clone();
+                    async move {
+                        let first = claimed.takeover.is_none();
+                        s.lock().unwrap().push(claimed);
+                        if first {
+                            // The first attempt is slow; its client gives up and it is cancelled.
+                            tokio::time::sleep(Duration::from_millis(400)).await;
+                        }
+                        StatusCode::CREATED
                     }
-                    StatusCode::CREATED
-                }
-            }),
-        )
-        .layer(layer);
-    let (base, _rt) = serve(app);
-    let send = |timeout: Option<Duration>| {
-        let agent: ureq::Agent = ureq::Agent::config_builder()
-            .timeout_global(timeout)
-            .http_status_as_error(false)
-            .build()
-            .into();
-        agent
-            .post(&format!("{base}/v1/payments"))
-            .header("idempotency-key", "takeover-1")
-            .send("{}")
-    };
-    assert!(send(Some(Duration::from_millis(100))).is_err());
-    thread::sleep(Duration::from_millis(1200));
-    assert_eq!(send(None).unwrap().status(), 201);
-    let seen = seen.lock().unwrap();
-    assert_eq!(seen.len(), 2);
-    assert_eq!(seen[0].key, "takeover-1");
-    let takeover = seen[1]
-        .takeover
-        .as_ref()
-        .expect("the retry is told it took over");
-    assert_eq!(takeover.previous_fence, seen[0].fence);
-    assert!(seen[1].fence > seen[0].fence);
+                }),
+            )
+            .layer(layer);
+        let (base, _rt) = serve(app);
+        let send = |timeout: Option<Duration>| {
+            let agent: ureq::Agent = ureq::Agent::config_builder()
+                .timeout_global(timeout)
+                .http_status_as_error(false)
+                .build()
+                .into();
+            agent
+                .post(&format!("{base}/v1/payments"))
+                .header("idempotency-key", "takeover-1")
+                .send("{}")
+        };
+        assert!(send(Some(Duration::from_millis(100))).is_err());
+        thread::sleep(Duration::from_millis(1200));
+        assert_eq!(send(None).unwrap().status(), 201);
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen.len(), 2);
+        assert_eq!(seen[0].key, "takeover-1");
+        let takeover = seen[1]
+            .takeover
+            .as_ref()
+            .expect("the retry is told it took over");
+        assert_eq!(takeover.previous_fence, seen[0].fence);
+        assert!(seen[1].fence > seen[0].fence);
+    }
 }
