@@ -1,0 +1,482 @@
+//! What only the PostgreSQL engine has: connecting (bad URLs, refused logins, missing
+//! permissions, a schema from a newer idemdb), several OS processes sharing one database, a
+//! replica whose clock is wrong, and blocking calls from inside a tokio runtime.
+//!
+//! Runs against the server `scripts/with-postgres` starts (`IDEMDB_PG_URL`); SQL the store does
+//! not offer (creating roles, changing the schema version) goes through that server's `psql`
+//! (`IDEMDB_PG_BIN`). Child processes are this test binary run again with one test selected
+//! and `IDEMDB_PG_CHILD` set.
+
+#![cfg(feature = "postgres")]
+
+use idemdb::{Claim, Error, Fingerprint, Response, Scope, Store};
+use std::collections::HashMap;
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant, SystemTime};
+
+fn url() -> String {
+    std::env::var("IDEMDB_PG_URL").expect(
+        "IDEMDB_PG_URL is not set: run `scripts/with-postgres cargo test --release --features postgres`",
+    )
+}
+
+/// A schema name of its own for one test in this process.
+fn schema(test: &str) -> String {
+    format!("p_{test}_{}", std::process::id())
+}
+
+/// Runs SQL through the test server's `psql`, as its superuser.
+fn psql(sql: &str) -> String {
+    let bin = PathBuf::from(std::env::var("IDEMDB_PG_BIN").expect("IDEMDB_PG_BIN"));
+    let out = Command::new(bin.join("psql"))
+        .arg(url())
+        .args(["-v", "ON_ERROR_STOP=1", "-tAc", sql])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "psql {sql}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap().trim().to_owned()
+}
+
+fn scope() -> Scope {
+    Scope::new("tenant", "POST /v1/payments")
+}
+
+fn database_error(result: idemdb::Result<Store>) -> (Option<String>, String) {
+    match result {
+        Err(Error::Database { sqlstate, reason }) => (sqlstate, reason),
+        other => panic!("expected Error::Database, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_bad_connection_string_is_a_clear_error() {
+    let (code, reason) = database_error(Store::connect("host=127.0.0.1 port=notaport"));
+    assert_eq!(code, None);
+    assert!(reason.contains("invalid connection string"), "{reason}");
+    let (_, reason) = database_error(Store::connect("postgres://[::1"));
+    assert!(reason.contains("invalid connection string"), "{reason}");
+}
+
+#[test]
+fn an_unreachable_server_is_a_database_error_not_a_hang() {
+    // A port nothing listens on (bound, then closed).
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let started = Instant::now();
+    let (code, reason) = database_error(Store::connect(&format!(
+        "host=127.0.0.1 port={port} user=postgres dbname=idem connect_timeout=5"
+    )));
+    assert_eq!(code, None);
+    assert!(reason.to_lowercase().contains("connect"), "{reason}");
+    assert!(started.elapsed() < Duration::from_secs(10));
+}
+
+#[test]
+fn an_unknown_role_and_a_missing_database_are_refused_at_connect() {
+    let port = std::env::var("IDEMDB_PG_PORT").unwrap();
+    let (code, reason) = database_error(Store::connect(&format!(
+        "host=127.0.0.1 port={port} user=nobody_here dbname=idem"
+    )));
+    assert_eq!(code.as_deref(), Some("28000"), "{reason}");
+    assert!(reason.contains("nobody_here"), "{reason}");
+    let (code, reason) = database_error(Store::connect(&format!(
+        "host=127.0.0.1 port={port} user=postgres dbname=no_such_db"
+    )));
+    assert_eq!(code.as_deref(), Some("3D000"), "{reason}");
+}
+
+#[test]
+fn a_role_without_create_permission_gets_a_clear_error_and_nothing_is_made() {
+    let role = format!("weak_{}", std::process::id());
+    psql(&format!(
+        "DROP ROLE IF EXISTS {role}; CREATE ROLE {role} LOGIN; REVOKE CREATE ON DATABASE idem FROM PUBLIC"
+    ));
+    let port = std::env::var("IDEMDB_PG_PORT").unwrap();
+    let schema = schema("weak");
+    let result = Store::builder().schema(schema.clone()).connect(&format!(
+        "host=127.0.0.1 port={port} user={role} dbname=idem"
+    ));
+    let (code, reason) = database_error(result);
+    assert_eq!(code.as_deref(), Some("42501"), "{reason}");
+    assert!(reason.contains("permission denied"), "{reason}");
+    assert_eq!(
+        psql(&format!(
+            "SELECT count(*) FROM pg_namespace WHERE nspname = '{schema}'"
+        )),
+        "0"
+    );
+}
+
+/// The schema records its version; a version this library does not know was made by a newer
+/// idemdb, whose rows it might misread: the connect is refused, and nothing is changed.
+#[test]
+fn a_schema_newer_than_the_library_is_refused_and_left_alone() {
+    let schema = schema("newer");
+    let store = Store::builder()
+        .schema(schema.clone())
+        .connect(&url())
+        .unwrap();
+    let Claim::Acquired(t) = store.claim(&scope(), "k1", Fingerprint::of(b"x")).unwrap() else {
+        panic!()
+    };
+    store.complete(t, Response::new(201, "kept")).unwrap();
+    drop(store);
+    psql(&format!("UPDATE {schema}.meta SET schema_version = 99"));
+    match Store::builder().schema(schema.clone()).connect(&url()) {
+        Err(Error::UnsupportedFormat {
+            found: 99,
+            supported: 1,
+        }) => {}
+        other => panic!("expected UnsupportedFormat, got {other:?}"),
+    }
+    assert_eq!(
+        psql(&format!("SELECT schema_version FROM {schema}.meta")),
+        "99"
+    );
+    assert_eq!(psql(&format!("SELECT count(*) FROM {schema}.records")), "1");
+}
+
+/// Two schemas are two independent stores in one database.
+#[test]
+fn stores_in_two_schemas_never_see_each_other() {
+    let a = Store::builder()
+        .schema(schema("two_a"))
+        .connect(&url())
+        .unwrap();
+    let b = Store::builder()
+        .schema(schema("two_b"))
+        .connect(&url())
+        .unwrap();
+    let fp = Fingerprint::of(b"x");
+    let Claim::Acquired(t) = a.claim(&scope(), "same", fp).unwrap() else {
+        panic!()
+    };
+    a.complete(t, Response::new(201, "a")).unwrap();
+    assert!(matches!(
+        b.claim(&scope(), "same", fp).unwrap(),
+        Claim::Acquired(_)
+    ));
+}
+
+/// A stable owner name: a replica restarted under the same name sees its earlier claims as
+/// orphans at once; another replica sees them in progress until the lease ends.
+#[test]
+fn a_restarted_replica_reaps_its_own_orphans_and_no_one_elses() {
+    let schema = schema("owner");
+    let connect = |owner: &str| {
+        Store::builder()
+            .schema(schema.clone())
+            .owner(owner)
+            .connect(&url())
+            .unwrap()
+    };
+    let fp = Fingerprint::of(b"x");
+    let first = connect("replica-a");
+    let other = connect("replica-b");
+    let Claim::Acquired(a) = first.claim(&scope(), "a-key", fp).unwrap() else {
+        panic!()
+    };
+    let Claim::Acquired(b) = other.claim(&scope(), "b-key", fp).unwrap() else {
+        panic!()
+    };
+    std::mem::forget(a); // the process dies: no drop, no orphan mark
+    drop(first);
+    let restarted = connect("replica-a");
+    let mut seen = Vec::new();
+    restarted
+        .reap(|s| {
+            seen.push((s.key.clone(), s.orphan));
+            idemdb::Resolution::Keep
+        })
+        .unwrap();
+    assert_eq!(seen, [("a-key".to_owned(), true)]);
+    // Replica b does not know a-key's holder is gone: it waits for the lease.
+    let mut seen_by_b = Vec::new();
+    other
+        .reap(|s| {
+            seen_by_b.push(s.key.clone());
+            idemdb::Resolution::Keep
+        })
+        .unwrap();
+    assert!(seen_by_b.is_empty(), "{seen_by_b:?}");
+    assert!(matches!(
+        other.claim(&scope(), "a-key", fp).unwrap(),
+        Claim::InProgress { .. }
+    ));
+    other.complete(b, Response::new(201, "b")).unwrap();
+}
+
+/// Blocking calls from inside a tokio runtime: they neither panic ("cannot start a runtime
+/// from within a runtime") nor deadlock, on a multi-threaded and on a current-thread runtime.
+#[test]
+fn blocking_calls_work_inside_tokio_runtimes() {
+    let store = Store::builder()
+        .schema(schema("in_rt"))
+        .connect(&url())
+        .unwrap();
+    let multi = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let current = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    for (name, rt) in [("multi", &multi), ("current", &current)] {
+        let store = store.clone();
+        rt.block_on(async move {
+            let key = format!("in-{name}");
+            let Claim::Acquired(t) = store.claim(&scope(), &key, Fingerprint::of(b"x")).unwrap()
+            else {
+                panic!()
+            };
+            store.complete(t, Response::new(201, name)).unwrap();
+            let Claim::Replay(r) = store
+                .claim_async(&scope(), &key, Fingerprint::of(b"x"))
+                .await
+                .unwrap()
+            else {
+                panic!()
+            };
+            assert_eq!(r.body(), name.as_bytes());
+        });
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Several processes on one database.
+
+const FLEET_KEYS: usize = 40;
+const FLEET_PROCESSES: usize = 4;
+
+/// One fleet member (a child process): claims random keys of a shared set; on `Acquired` it
+/// appends `key fence` to the shared ledger file before completing (or, for a third of first
+/// executions, releasing: a new generation of the key). Every replay must be the response of
+/// the key's completed execution.
+#[test]
+fn fleet_member() {
+    let Ok(id) = std::env::var("IDEMDB_PG_CHILD") else {
+        return; // only as a child of the fleet test
+    };
+    let id: u64 = id.parse().unwrap();
+    let schema = std::env::var("IDEMDB_PG_FLEET_SCHEMA").unwrap();
+    let ledger = std::env::var("IDEMDB_PG_FLEET_LEDGER").unwrap();
+    let store = Store::builder()
+        .schema(schema)
+        .owner(format!("member-{id}"))
+        .retry_after(Duration::from_millis(1))
+        .connect(&url())
+        .unwrap();
+    let mut rng = idemdb::simulation::SplitMix64::derive(0xf1ee7, 0, id);
+    let fp = Fingerprint::of(b"the same request");
+    let mut replays = 0;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while replays < FLEET_KEYS * 2 {
+        assert!(Instant::now() < deadline, "member {id} made no progress");
+        let key = format!("key-{}", rng.index(FLEET_KEYS));
+        match store.claim(&scope(), &key, fp).unwrap() {
+            Claim::Acquired(ticket) => {
+                let mut file = std::fs::OpenOptions::new()
+                    .append(true)
+                    .open(&ledger)
+                    .unwrap();
+                // One write of one short line: appends of whole lines do not interleave.
+                file.write_all(format!("{key} {}\n", ticket.fence()).as_bytes())
+                    .unwrap();
+                if rng.below(3) == 0 {
+                    store.release(ticket).unwrap();
+                } else {
+                    let body = format!("{key} executed under fence {}", ticket.fence());
+                    store.complete(ticket, Response::new(201, body)).unwrap();
+                }
+            }
+            Claim::Replay(r) => {
+                let body = String::from_utf8(r.body().to_vec()).unwrap();
+                assert!(body.starts_with(&format!("{key} executed under fence ")));
+                replays += 1;
+            }
+            Claim::InProgress { .. } => std::thread::sleep(Duration::from_millis(1)),
+            Claim::Mismatch { .. } => panic!("one fingerprint only"),
+        }
+    }
+}
+
+/// At least 4 OS processes claim overlapping keys on one database. Every execution's fence is
+/// in the ledger: each key's executions are its generations (one per release, plus the
+/// completed one), their fences all differ, and the response every process replays names the
+/// last of them.
+#[test]
+fn processes_sharing_one_database_execute_each_key_once_per_generation() {
+    if std::env::var("IDEMDB_PG_CHILD").is_ok() {
+        return;
+    }
+    let schema = schema("fleet");
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = dir.path().join("ledger");
+    std::fs::write(&ledger, "").unwrap();
+    // Create the schema once, so the members do not all race to migrate (they may: the
+    // migration takes a lock; this only keeps the test's output quiet).
+    let store = Store::builder()
+        .schema(schema.clone())
+        .connect(&url())
+        .unwrap();
+    let children: Vec<_> = (0..FLEET_PROCESSES)
+        .map(|id| {
+            Command::new(std::env::current_exe().unwrap())
+                .args(["--exact", "fleet_member", "--nocapture", "--test-threads=1"])
+                .env("IDEMDB_PG_CHILD", id.to_string())
+                .env("IDEMDB_PG_FLEET_SCHEMA", &schema)
+                .env("IDEMDB_PG_FLEET_LEDGER", &ledger)
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for mut child in children {
+        assert!(child.wait().unwrap().success(), "a fleet member failed");
+    }
+    let mut executions: HashMap<String, Vec<u64>> = HashMap::new();
+    for line in std::fs::read_to_string(&ledger).unwrap().lines() {
+        let (key, fence) = line.split_once(' ').unwrap();
+        executions
+            .entry(key.to_owned())
+            .or_default()
+            .push(fence.parse().unwrap());
+    }
+    assert_eq!(executions.len(), FLEET_KEYS, "every key was executed");
+    let fp = Fingerprint::of(b"the same request");
+    let mut total = 0;
+    for (key, fences) in &executions {
+        let mut unique = fences.clone();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(unique.len(), fences.len(), "{key}: a fence executed twice");
+        let Claim::Replay(r) = store.claim(&scope(), key, fp).unwrap() else {
+            panic!("{key} is completed")
+        };
+        let last = unique.last().unwrap();
+        assert_eq!(
+            r.body(),
+            format!("{key} executed under fence {last}").as_bytes(),
+            "{key}: the stored response is the last generation's"
+        );
+        total += fences.len();
+    }
+    let stats = store.stats();
+    println!(
+        "fleet: {FLEET_PROCESSES} processes, {FLEET_KEYS} keys, {total} executions ({} released generations)",
+        total - FLEET_KEYS
+    );
+    assert_eq!(stats.live_records, FLEET_KEYS as u64);
+}
+
+// ---------------------------------------------------------------------------------------------
+// A replica whose clock is wrong.
+
+/// The skewed member (a child process run under `faketime`, its wall clock 30 s off): it must
+/// neither take over the parent's live lease nor replay the parent's expired record.
+#[test]
+fn skewed_member() {
+    let Ok(parent_now) = std::env::var("IDEMDB_PG_SKEW_PARENT_NOW") else {
+        return; // only as a child of the skew test
+    };
+    let schema = std::env::var("IDEMDB_PG_SKEW_SCHEMA").unwrap();
+    let expect_skew: i64 = std::env::var("IDEMDB_PG_SKEW_SECONDS")
+        .unwrap()
+        .parse()
+        .unwrap();
+    // faketime really moved this process's clock.
+    let parent_now: i64 = parent_now.parse().unwrap();
+    let mine = i64::try_from(
+        SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap()
+            .as_secs(),
+    )
+    .unwrap();
+    assert!(
+        (mine - parent_now - expect_skew).abs() <= 5,
+        "faketime did not skew the clock: {mine} vs {parent_now}"
+    );
+    let store = Store::builder()
+        .schema(schema)
+        .owner("skewed")
+        .connect(&url())
+        .unwrap();
+    let fp = Fingerprint::of(b"x");
+    match store.claim(&scope(), "live", fp).unwrap() {
+        Claim::InProgress { .. } => {}
+        other => panic!("a clock {expect_skew} s off took a live lease: {other:?}"),
+    }
+    match store.claim(&scope(), "expired", fp).unwrap() {
+        Claim::Acquired(t) => assert!(t.takeover().is_none()),
+        other => panic!("a clock {expect_skew} s off saw an expired record: {other:?}"),
+    }
+}
+
+#[test]
+fn a_replica_whose_clock_is_30_seconds_off_neither_takes_a_live_lease_nor_replays_an_expired_record(
+) {
+    if std::env::var("IDEMDB_PG_SKEW_PARENT_NOW").is_ok() {
+        return;
+    }
+    let faketime = which("faketime").expect(
+        "the skew test runs a replica under faketime (apt-get install faketime); .ci/run installs it",
+    );
+    for skew in [30i64, -30] {
+        let schema = schema(if skew > 0 { "ahead" } else { "behind" });
+        let store = Store::builder()
+            .schema(schema.clone())
+            .lease(Duration::from_secs(20))
+            .ttl(Duration::from_secs(1))
+            .connect(&url())
+            .unwrap();
+        let fp = Fingerprint::of(b"x");
+        let Claim::Acquired(live) = store.claim(&scope(), "live", fp).unwrap() else {
+            panic!()
+        };
+        let Claim::Acquired(t) = store.claim(&scope(), "expired", fp).unwrap() else {
+            panic!()
+        };
+        store.complete(t, Response::new(201, "old")).unwrap();
+        std::thread::sleep(Duration::from_millis(1500));
+        let now = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        let status = Command::new(&faketime)
+            .arg("-f")
+            .arg(format!("{skew:+}s"))
+            .arg(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "skewed_member",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env("IDEMDB_PG_SKEW_PARENT_NOW", now.to_string())
+            .env("IDEMDB_PG_SKEW_SCHEMA", &schema)
+            .env("IDEMDB_PG_SKEW_SECONDS", skew.to_string())
+            .status()
+            .unwrap();
+        assert!(status.success(), "the replica {skew:+} s off misbehaved");
+        store.complete(live, Response::new(201, "live")).unwrap();
+    }
+}
+
+fn which(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH")?
+        .to_str()?
+        .split(':')
+        .map(|dir| PathBuf::from(dir).join(name))
+        .find(|p| p.is_file())
+}
