@@ -214,6 +214,20 @@ impl StoreBuilder {
         self
     }
 
+    /// PostgreSQL: the most operations of one kind that share one statement. Default: 512.
+    /// `1` sends one statement per operation, which only the benchmarks want (they measure
+    /// what grouping saves).
+    ///
+    /// # Panics
+    /// If `limit` is zero.
+    #[cfg(feature = "postgres")]
+    #[doc(hidden)]
+    pub fn batch_limit(mut self, limit: usize) -> Self {
+        assert!(limit > 0, "batch_limit must be positive");
+        self.config.batch_limit = limit;
+        self
+    }
+
     /// Connects to the PostgreSQL database at `url` (a libpq connection string: a
     /// `postgres://` URL or `key=value` pairs, several hosts with
     /// `target_session_attrs=read-write` included), creating or checking the store's schema.

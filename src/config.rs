@@ -72,6 +72,9 @@ pub(crate) struct Config {
     /// PostgreSQL: the most connections the store opens.
     #[cfg(feature = "postgres")]
     pub(crate) pool_size: usize,
+    /// PostgreSQL: the most operations of one kind in one statement.
+    #[cfg(feature = "postgres")]
+    pub(crate) batch_limit: usize,
 }
 
 impl Default for Config {
@@ -96,6 +99,8 @@ impl Default for Config {
             // Enough to keep a few batches in flight while others commit.
             #[cfg(feature = "postgres")]
             pool_size: 4,
+            #[cfg(feature = "postgres")]
+            batch_limit: 512,
         }
     }
 }

@@ -221,7 +221,7 @@ pub(crate) fn connect(mut config: Config, url: &str) -> Result<PgStore> {
     }
     let schema = config.schema.clone();
     let owner = config.owner.take().unwrap_or_else(random_owner);
-    let pool_size = config.pool_size;
+    let (pool_size, batch_limit) = (config.pool_size, config.batch_limit);
     let adjust = clock_adjustment(&config);
     let (jobs, queue) = mpsc::unbounded_channel();
     let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<Arc<worker::Context>>>();
@@ -248,13 +248,14 @@ pub(crate) fn connect(mut config: Config, url: &str) -> Result<PgStore> {
                     }
                 };
                 runtime.block_on(async move {
-                    let context = match start(pg, schema, pool_size, params, adjust).await {
-                        Ok(context) => Arc::new(context),
-                        Err(e) => {
-                            let _ = ready_tx.send(Err(e));
-                            return;
-                        }
-                    };
+                    let context =
+                        match start(pg, schema, (pool_size, batch_limit), params, adjust).await {
+                            Ok(context) => Arc::new(context),
+                            Err(e) => {
+                                let _ = ready_tx.send(Err(e));
+                                return;
+                            }
+                        };
                     let _ = ready_tx.send(Ok(Arc::clone(&context)));
                     worker::run(context, queue).await;
                 });
@@ -282,7 +283,7 @@ pub(crate) fn connect(mut config: Config, url: &str) -> Result<PgStore> {
 async fn start(
     pg: tokio_postgres::Config,
     schema: String,
-    pool_size: usize,
+    (pool_size, batch_limit): (usize, usize),
     mut params: ClaimParams,
     adjust: Box<dyn Fn() -> Option<i64> + Send + Sync>,
 ) -> Result<worker::Context> {
@@ -307,6 +308,7 @@ async fn start(
         pool,
         params,
         adjust,
+        batch_limit,
         commits: AtomicU64::new(0),
         withdrawn: AtomicU64::new(0),
     })

@@ -22,8 +22,6 @@ use std::sync::Arc;
 use tokio::sync::{mpsc, Mutex as AsyncMutex, OwnedSemaphorePermit, Semaphore};
 use tokio_postgres::{Client, NoTls, Row, Statement};
 
-/// The most jobs of one kind in one statement.
-const MAX_BATCH: usize = 512;
 /// How many times a batch looks again for a claim whose key another session wrote after the
 /// statement's snapshot (see [`sql::CLAIM`]) before giving up with an error.
 const MAX_CLAIM_ROUNDS: usize = 64;
@@ -224,6 +222,9 @@ pub(crate) struct Context {
     pub(crate) adjust: Box<dyn Fn() -> Option<i64> + Send + Sync>,
     /// Write statements committed.
     pub(crate) commits: AtomicU64,
+    /// The most jobs taken into one batch (so at most that many of one kind share a
+    /// statement).
+    pub(crate) batch_limit: usize,
     /// Claims withdrawn here because their reply found nobody to receive it.
     pub(crate) withdrawn: AtomicU64,
 }
@@ -237,7 +238,7 @@ pub(crate) async fn run(context: Arc<Context>, mut jobs: mpsc::UnboundedReceiver
             break;
         };
         let mut batch = vec![first];
-        while batch.len() < MAX_BATCH {
+        while batch.len() < context.batch_limit {
             match jobs.try_recv() {
                 Ok(job) => batch.push(job),
                 Err(_) => break,

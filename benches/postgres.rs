@@ -1,0 +1,172 @@
+//! Group commit on PostgreSQL, measured: the same claims (and claim + complete cycles) with the
+//! operations that queue up together sharing one statement and one commit (the default),
+//! against one statement per operation on the same 4 connections, and against one statement
+//! per operation with a connection per caller. All three in one run, against one server.
+//!
+//! ```sh
+//! scripts/with-postgres cargo bench --features postgres --bench postgres
+//! ```
+//!
+//! `IDEMDB_BENCH_SECONDS` sets each cell's measuring time (default 3). Prints a table: requests
+//! per second, p50 and p99 latency per request, and the statements (commits) per request.
+
+use idemdb::{Claim, Fingerprint, Response, Scope, Store, StoreBuilder};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+#[derive(Clone, Copy)]
+enum Mode {
+    Batched,
+    PerCall,
+    PerCallOwnConnection,
+}
+
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Batched => "grouped (4 connections)",
+            Mode::PerCall => "1 statement per call (4 connections)",
+            Mode::PerCallOwnConnection => "1 statement per call (1 connection per caller)",
+        }
+    }
+
+    fn builder(self, callers: usize) -> StoreBuilder {
+        let b = Store::builder();
+        match self {
+            Mode::Batched => b.pool_size(4),
+            Mode::PerCall => b.pool_size(4).batch_limit(1),
+            Mode::PerCallOwnConnection => b.pool_size(callers).batch_limit(1),
+        }
+    }
+}
+
+struct Cell {
+    requests: u64,
+    elapsed: Duration,
+    latencies: Vec<Duration>,
+    commits: u64,
+}
+
+fn run(
+    url: &str,
+    schema: &str,
+    mode: Mode,
+    callers: usize,
+    complete: bool,
+    time: Duration,
+) -> Cell {
+    let store = mode
+        .builder(callers)
+        .schema(schema)
+        .connect(url)
+        .expect("connect");
+    let scope = Scope::new("bench", "POST /v1/payments");
+    let fp = Fingerprint::of(br#"{"amount":5000,"currency":"usd"}"#);
+    let response =
+        Response::new(201, vec![b'x'; 200]).with_header("content-type", "application/json");
+    let stop = Arc::new(AtomicBool::new(false));
+    let start = Arc::new(Barrier::new(callers + 1));
+    let before = store.stats().commit_batches;
+    let threads: Vec<_> = (0..callers)
+        .map(|t| {
+            let (store, scope, response, stop, start) = (
+                store.clone(),
+                scope.clone(),
+                response.clone(),
+                stop.clone(),
+                start.clone(),
+            );
+            std::thread::spawn(move || {
+                let mut latencies = Vec::new();
+                start.wait();
+                let mut i = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let key = format!("{schema_tag}-{t}-{i}", schema_tag = "k");
+                    i += 1;
+                    let began = Instant::now();
+                    let Claim::Acquired(ticket) = store.claim(&scope, &key, fp).expect("claim")
+                    else {
+                        panic!("a new key is acquired")
+                    };
+                    if complete {
+                        store.complete(ticket, response.clone()).expect("complete");
+                    } else {
+                        std::mem::forget(ticket);
+                    }
+                    latencies.push(began.elapsed());
+                }
+                latencies
+            })
+        })
+        .collect();
+    start.wait();
+    let began = Instant::now();
+    std::thread::sleep(time);
+    stop.store(true, Ordering::Relaxed);
+    let mut latencies: Vec<Duration> = threads
+        .into_iter()
+        .flat_map(|t| t.join().unwrap())
+        .collect();
+    let elapsed = began.elapsed();
+    latencies.sort_unstable();
+    Cell {
+        requests: latencies.len() as u64,
+        elapsed,
+        latencies,
+        commits: store.stats().commit_batches - before,
+    }
+}
+
+/// The `per_mille`th of `sorted` (500: the median).
+fn percentile(sorted: &[Duration], per_mille: usize) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    sorted[(sorted.len() - 1) * per_mille / 1000]
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; a name filter is not supported.
+    let Ok(url) = std::env::var("IDEMDB_PG_URL") else {
+        eprintln!(
+            "IDEMDB_PG_URL is not set: run `scripts/with-postgres cargo bench --features postgres --bench postgres`"
+        );
+        std::process::exit(2);
+    };
+    let seconds: f64 = std::env::var("IDEMDB_BENCH_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3.0);
+    let time = Duration::from_secs_f64(seconds);
+    println!("| operation | callers | mode | requests/s | p50 | p99 | statements per request | vs grouped |");
+    println!("|---|---:|---|---:|---:|---:|---:|---:|");
+    let mut n = 0;
+    for complete in [false, true] {
+        for callers in [1usize, 16, 64] {
+            let mut grouped = 0.0;
+            for mode in [Mode::Batched, Mode::PerCall, Mode::PerCallOwnConnection] {
+                n += 1;
+                let schema = format!("bench_{}_{n}", std::process::id());
+                let cell = run(&url, &schema, mode, callers, complete, time);
+                let rate = cell.requests as f64 / cell.elapsed.as_secs_f64();
+                if matches!(mode, Mode::Batched) {
+                    grouped = rate;
+                }
+                println!(
+                    "| {} | {callers} | {} | {rate:.0} | {:.2} ms | {:.2} ms | {:.2} | {:.2}x |",
+                    if complete {
+                        "claim + complete"
+                    } else {
+                        "claim"
+                    },
+                    mode.name(),
+                    percentile(&cell.latencies, 500).as_secs_f64() * 1e3,
+                    percentile(&cell.latencies, 990).as_secs_f64() * 1e3,
+                    cell.commits as f64 / cell.requests.max(1) as f64,
+                    grouped / rate,
+                );
+            }
+        }
+    }
+}
