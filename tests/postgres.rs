@@ -14,6 +14,8 @@ use std::collections::HashMap;
 use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 fn url() -> String {
@@ -479,4 +481,155 @@ fn which(name: &str) -> Option<PathBuf> {
         .split(':')
         .map(|dir| PathBuf::from(dir).join(name))
         .find(|p| p.is_file())
+}
+
+// ---------------------------------------------------------------------------------------------
+// A database that goes away and comes back.
+
+/// A TCP proxy to the test server that the test can cut (every connection closed, new ones
+/// refused) and restore, on the same port.
+struct Proxy {
+    port: u16,
+    up: Arc<AtomicBool>,
+    open: Arc<Mutex<Vec<std::net::TcpStream>>>,
+}
+
+impl Proxy {
+    fn start() -> Proxy {
+        let upstream = format!(
+            "127.0.0.1:{}",
+            std::env::var("IDEMDB_PG_PORT").expect("IDEMDB_PG_PORT")
+        );
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let up = Arc::new(AtomicBool::new(true));
+        let open: Arc<Mutex<Vec<std::net::TcpStream>>> = Arc::default();
+        let (up2, open2) = (up.clone(), open.clone());
+        std::thread::spawn(move || loop {
+            match listener.accept() {
+                Ok((client, _)) if up2.load(Ordering::SeqCst) => {
+                    client.set_nonblocking(false).unwrap();
+                    let server = std::net::TcpStream::connect(&upstream).unwrap();
+                    let mut list = open2.lock().unwrap();
+                    list.push(client.try_clone().unwrap());
+                    list.push(server.try_clone().unwrap());
+                    for (mut from, mut to) in [
+                        (client.try_clone().unwrap(), server.try_clone().unwrap()),
+                        (server, client),
+                    ] {
+                        std::thread::spawn(move || {
+                            let _ = std::io::copy(&mut from, &mut to);
+                            let _ = to.shutdown(std::net::Shutdown::Both);
+                        });
+                    }
+                }
+                Ok((refused, _)) => drop(refused),
+                Err(_) => std::thread::sleep(Duration::from_millis(5)),
+            }
+        });
+        Proxy { port, up, open }
+    }
+
+    fn url(&self) -> String {
+        format!(
+            "host=127.0.0.1 port={} user=postgres dbname=idem connect_timeout=2",
+            self.port
+        )
+    }
+
+    /// The database is unreachable: open connections are cut, new ones closed at once.
+    fn cut(&self) {
+        self.up.store(false, Ordering::SeqCst);
+        for s in self.open.lock().unwrap().drain(..) {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+    }
+
+    fn restore(&self) {
+        self.up.store(true, Ordering::SeqCst);
+    }
+}
+
+/// While the database is unreachable every operation is `Error::Database` (the HTTP layer
+/// answers 503 with `Retry-After`, and the handler never runs); once it is back, the same
+/// store serves again without a restart, and nothing acknowledged before was lost.
+#[test]
+fn an_unreachable_database_is_a_typed_error_then_the_store_reconnects() {
+    let proxy = Proxy::start();
+    let store = Store::builder()
+        .schema(schema("cut"))
+        .connect(&proxy.url())
+        .unwrap();
+    let fp = Fingerprint::of(b"x");
+    let Claim::Acquired(t) = store.claim(&scope(), "before", fp).unwrap() else {
+        panic!()
+    };
+    store.complete(t, Response::new(201, "kept")).unwrap();
+    proxy.cut();
+    match store.claim(&scope(), "during", fp) {
+        Err(Error::Database { .. }) => {}
+        other => panic!("expected Error::Database, got {other:?}"),
+    }
+    // The HTTP layer: 503 with Retry-After, and the handler does not run.
+    let ran = Arc::new(AtomicBool::new(false));
+    let status = {
+        use axum::routing::post;
+        use idemdb::http::IdempotencyLayer;
+        let ran = ran.clone();
+        let layer = IdempotencyLayer::builder(store.clone(), |_| Some("tenant".into())).build();
+        let app = axum::Router::new()
+            .route(
+                "/pay",
+                post(move || {
+                    ran.store(true, Ordering::SeqCst);
+                    async { "charged" }
+                }),
+            )
+            .layer(layer);
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let listener = rt
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .unwrap();
+        let addr = listener.local_addr().unwrap();
+        rt.spawn(async move { axum::serve(listener, app).await.unwrap() });
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .build()
+            .into();
+        let reply = agent
+            .post(&format!("http://{addr}/pay"))
+            .header("Idempotency-Key", "during-http")
+            .send("{}")
+            .unwrap();
+        assert!(reply.headers().get("retry-after").is_some());
+        reply.status().as_u16()
+    };
+    assert_eq!(status, 503);
+    assert!(
+        !ran.load(Ordering::SeqCst),
+        "no side effect without a claim"
+    );
+    proxy.restore();
+    let started = Instant::now();
+    loop {
+        match store.claim(&scope(), "before", fp) {
+            Ok(Claim::Replay(r)) => {
+                assert_eq!(r.body(), b"kept");
+                break;
+            }
+            Err(Error::Database { .. }) if started.elapsed() < Duration::from_secs(10) => {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            other => panic!("after the database came back: {other:?}"),
+        }
+    }
+    assert!(matches!(
+        store.claim(&scope(), "after", fp).unwrap(),
+        Claim::Acquired(_)
+    ));
 }
