@@ -55,7 +55,7 @@ pub(crate) struct Config {
     pub(crate) max_response_bytes: usize,
     pub(crate) stripes: usize,
     pub(crate) cache_bytes: usize,
-    /// `None`: the default for the medium (see `open.rs`).
+    /// `None`: the default for the medium (see `file/open.rs`).
     pub(crate) journal_bytes: Option<u64>,
     pub(crate) replay_cache_bytes: usize,
     pub(crate) page_check: PageCheck,

@@ -29,6 +29,10 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
+//! One process owns one store file. Services that run many replicas use the same `Store` on a
+//! PostgreSQL database they share: feature `postgres`, `Store::connect(url)`
+//! (`docs/postgres.md`).
+//!
 //! See `docs/design.md` for the architecture and the crash-recovery argument, and
 //! `docs/format.md` for the on-disk format.
 
