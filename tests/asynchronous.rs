@@ -260,3 +260,25 @@ on_every_engine! {
         }
     }
 }
+
+on_every_engine! {
+    /// Regression (PostgreSQL): duplicates of one key queued together were taken one per
+    /// statement (a statement changes a row once), and past 64 of them the batch gave up with
+    /// an error. A retry storm on one key is answered whole: one claim acquires, every
+    /// duplicate hears it is in progress, nobody gets an error.
+    fn a_retry_storm_of_hundreds_of_duplicates_on_one_key_is_answered_whole(b: Backend) {
+        let store = b.store();
+        let scope = scope();
+        let fp = Fingerprint::of(b"req");
+        let (outcomes, _) = run_all((0..300).map(|_| store.claim_async(&scope, "hot", fp)).collect());
+        let mut acquired = 0;
+        for outcome in outcomes {
+            match outcome.unwrap() {
+                Claim::Acquired(_) => acquired += 1,
+                Claim::InProgress { lease_remaining, .. } => assert!(!lease_remaining.is_zero()),
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(acquired, 1);
+    }
+}

@@ -15,7 +15,7 @@ use super::{again, db_error, Target};
 use crate::error::{Error, Result};
 use crate::sync::{AtomicU64, Ordering};
 use futures_channel::oneshot;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -90,7 +90,7 @@ pub(crate) enum ClaimRow {
 }
 
 /// A record another claim holds, as a claim statement or a read saw it.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct Held {
     pub(crate) fence: i64,
     pub(crate) fingerprint: Vec<u8>,
@@ -459,16 +459,28 @@ async fn claims(
         if wrote {
             context.commits.fetch_add(1, Ordering::Relaxed);
         }
+        // What each decided key now holds, for the claims of the same key this statement
+        // could not take (one statement changes a row once).
+        let mut decided: HashMap<KeyColumns, (i64, Held)> = HashMap::new();
         for ((target, fingerprint, reply), row) in now_batch.into_iter().zip(rows) {
             match claim_row(&row) {
                 Ok(Some(answer)) if settled(&answer, &fingerprint, p.take_over) => {
-                    if let Err(Ok(ClaimRow::Won {
-                        fence, replaced, ..
-                    })) = reply.send(Ok(answer))
-                    {
-                        // Nobody is left to receive this claim (its future was dropped): it
-                        // cannot have started a side effect, so it must not hold the key.
-                        withdraw(context, conn, &target, fence, replaced.is_some()).await;
+                    let holds = holding(&answer, &fingerprint, &row);
+                    match reply.send(Ok(answer)) {
+                        Ok(()) => {
+                            if let Some(holds) = holds {
+                                decided.insert(key_columns(&target), holds);
+                            }
+                        }
+                        Err(Ok(ClaimRow::Won {
+                            fence, replaced, ..
+                        })) => {
+                            // Nobody is left to receive this claim (its future was dropped):
+                            // it cannot have started a side effect, so it must not hold the
+                            // key.
+                            withdraw(context, conn, &target, fence, replaced.is_some()).await;
+                        }
+                        Err(_) => {}
                     }
                 }
                 Ok(_) => pending.push((target, fingerprint, reply)),
@@ -477,6 +489,21 @@ async fn claims(
                 }
             }
         }
+        // A duplicate of a decided key is answered by what the key holds after this
+        // statement, as if it came right after it: a retry storm on one key costs one
+        // statement, not one per duplicate.
+        pending.retain_mut(|(target, _, reply)| {
+            let Some((now, record)) = decided.get(&key_columns(target)) else {
+                return true;
+            };
+            let (closed, _) = oneshot::channel();
+            let reply = std::mem::replace(reply, closed);
+            let _ = reply.send(Ok(ClaimRow::Held {
+                now: *now,
+                record: record.clone(),
+            }));
+            false
+        });
     }
     for (.., reply) in pending {
         let _ = reply.send(Err(Error::Database {
@@ -484,6 +511,42 @@ async fn claims(
             reason: format!("a claim did not settle after {MAX_CLAIM_ROUNDS} statements"),
         }));
     }
+}
+
+/// A key's identity in a batch.
+type KeyColumns = (Vec<u8>, Vec<u8>, String);
+
+fn key_columns(t: &Target) -> KeyColumns {
+    (t.tenant.clone(), t.endpoint.clone(), t.key.clone())
+}
+
+/// What a key holds after a claim statement answered `answer` for it: the won claim (in
+/// progress, by `fingerprint`) or the record that answered. `None` if unreadable.
+fn holding(answer: &ClaimRow, fingerprint: &[u8; 32], row: &Row) -> Option<(i64, Held)> {
+    let now: i64 = row.try_get(1).ok()?;
+    Some(match answer {
+        ClaimRow::Won {
+            fence,
+            claimed_at,
+            lease_until,
+            ..
+        } => (
+            now,
+            Held {
+                fence: *fence,
+                fingerprint: fingerprint.to_vec(),
+                claimed_at: *claimed_at,
+                completed: false,
+                lease_until: Some(*lease_until),
+                expires_at: None,
+                orphan: false,
+                status: None,
+                headers: None,
+                body: None,
+            },
+        ),
+        ClaimRow::Held { now, record } => (*now, record.clone()),
+    })
 }
 
 /// Whether a claim statement's answer stands. The record it read is the statement's snapshot,
