@@ -195,6 +195,9 @@ impl StoreBuilder {
     /// run left as orphans at once: [`Store::reap`] offers them straight away. Other replicas
     /// see them in progress until their leases end. Default: a random name per connect, so
     /// a restarted replica's leftovers wait for their leases. File stores ignore it.
+    ///
+    /// Two stores running at once must not share a name: the later one would take the
+    /// earlier one's live claims for orphans.
     #[cfg(feature = "postgres")]
     pub fn owner(mut self, name: impl Into<String>) -> Self {
         self.config.owner = Some(name.into());
@@ -214,7 +217,8 @@ impl StoreBuilder {
         self
     }
 
-    /// PostgreSQL: the most operations of one kind that share one statement. Default: 512.
+    /// PostgreSQL: the most operations taken into one batch (so at most that many of one kind
+    /// share a statement). Default: 512.
     /// `1` sends one statement per operation, which only the benchmarks want (they measure
     /// what grouping saves).
     ///
@@ -228,9 +232,13 @@ impl StoreBuilder {
         self
     }
 
-    /// Connects to the PostgreSQL database at `url` (a libpq connection string: a
-    /// `postgres://` URL or `key=value` pairs, several hosts with
-    /// `target_session_attrs=read-write` included), creating or checking the store's schema.
+    /// Connects to the PostgreSQL database at `url`, creating or checking the store's schema.
+    /// `url` is a connection string in either of libpq's forms, a `postgres://` URL or
+    /// `key=value` pairs, several hosts with `target_session_attrs=read-write` included, as
+    /// `tokio-postgres` reads it: `PG*` environment variables and `.pgpass` are not consulted.
+    /// Unless `url` says otherwise, connecting times out after 10 s, a connection whose data
+    /// goes unacknowledged for 30 s is given up (`tcp_user_timeout`), and idle connections are
+    /// probed after 15 s.
     /// The store's sessions commit with `synchronous_commit = on` (or the server's
     /// `remote_apply`). The options that only mean something for a file (`cache_size`,
     /// `journal_size`, `replay_cache_size`, `page_check`, `stripes`) are ignored. Connections

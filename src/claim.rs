@@ -68,9 +68,10 @@ pub struct Ticket {
 }
 
 impl Ticket {
-    /// The fencing token: unique in this store, and larger than every token issued before it.
-    /// Pass it downstream (for example as a column a conditional update compares) so a stale
-    /// holder's late writes can be refused there too.
+    /// The fencing token: unique in this store (on PostgreSQL: among all replicas of it), and
+    /// larger than the token of every earlier claim of the same key. Pass it downstream (for
+    /// example as a column a conditional update compares) so a stale holder's late writes can
+    /// be refused there too.
     pub fn fence(&self) -> u64 {
         self.fence
     }

@@ -60,8 +60,9 @@ pub(crate) struct Config {
     pub(crate) replay_cache_bytes: usize,
     pub(crate) page_check: PageCheck,
     pub(crate) clock: Arc<dyn Clock>,
-    /// Whether [`crate::StoreBuilder::clock`] set `clock` (on PostgreSQL only an injected
-    /// clock's movement counts, see `docs/postgres.md`).
+    /// Whether [`crate::StoreBuilder::clock`] set `clock`. On PostgreSQL the database's clock
+    /// is the time unless a clock was injected (for tests), whose time then replaces it for
+    /// this store's statements (see `docs/postgres.md`).
     pub(crate) clock_injected: bool,
     /// PostgreSQL: the schema holding the store's tables.
     #[cfg(feature = "postgres")]

@@ -87,7 +87,7 @@ impl Store {
     ///   `fdatasync(2)`ed; see `docs/design.md`).
     /// - A completed key with the same fingerprint is [`Claim::Replay`] with the stored response.
     /// - A key in progress is [`Claim::InProgress`]; a stale one (lease run out) is taken over
-    ///   under [`StalePolicy::TakeOver`] (an `Acquired` whose ticket says so).
+    ///   under [`crate::StalePolicy::TakeOver`] (an `Acquired` whose ticket says so).
     /// - A key held or completed with another fingerprint is [`Claim::Mismatch`], and nothing
     ///   changes.
     ///
@@ -97,9 +97,10 @@ impl Store {
     /// ticket, the key stays in progress until the lease runs out.
     ///
     /// # Errors
-    /// [`Error::InvalidKey`] / [`Error::InvalidScope`] for bad input (nothing stored);
-    /// [`Error::Halted`] after a failed commit; [`Error::Io`] if the commit holding this claim
+    /// [`crate::Error::InvalidKey`] / [`crate::Error::InvalidScope`] for bad input (nothing stored);
+    /// [`crate::Error::Halted`] after a failed commit; [`crate::Error::Io`] if the commit holding this claim
     /// failed, in which case the claim is not held.
+    /// On PostgreSQL, [`crate::Error::Database`] if the database fails or cannot be reached.
     pub fn claim(&self, scope: &Scope, key: &str, fingerprint: Fingerprint) -> Result<Claim> {
         dispatch!(self, e => e.claim(scope, key, fingerprint))
     }
@@ -116,9 +117,10 @@ impl Store {
     /// durable, then `Replay`.
     ///
     /// # Errors
-    /// [`Error::ResponseTooLarge`] (the claim is still held and the error hands the ticket
-    /// back: release it or store a smaller response); [`Error::LeaseLost`] if the claim was released, reaped or taken over, or the
-    /// ticket is from another store; [`Error::Halted`] / [`Error::Io`] if the commit failed.
+    /// [`crate::Error::ResponseTooLarge`] (the claim is still held and the error hands the ticket
+    /// back: release it or store a smaller response); [`crate::Error::LeaseLost`] if the claim was released, reaped or taken over, or the
+    /// ticket is from another store; [`crate::Error::Halted`] / [`crate::Error::Io`] if the commit failed.
+    /// On PostgreSQL, [`crate::Error::Database`] if the database fails or cannot be reached.
     pub fn complete(&self, ticket: Ticket, response: Response) -> Result<()> {
         dispatch!(self, e => e.complete(ticket, response))
     }
@@ -132,8 +134,9 @@ impl Store {
     /// it never sees a half-released key.
     ///
     /// # Errors
-    /// [`Error::LeaseLost`] if the claim is no longer held by this ticket;
-    /// [`Error::Halted`] / [`Error::Io`] if the commit failed.
+    /// [`crate::Error::LeaseLost`] if the claim is no longer held by this ticket;
+    /// [`crate::Error::Halted`] / [`crate::Error::Io`] if the commit failed.
+    /// On PostgreSQL, [`crate::Error::Database`] if the database fails or cannot be reached.
     pub fn release(&self, ticket: Ticket) -> Result<()> {
         dispatch!(self, e => e.release(ticket))
     }
@@ -142,9 +145,10 @@ impl Store {
     /// taken over. May be called any number of times while the claim is held.
     ///
     /// # Errors
-    /// [`Error::LeaseLost`] if the claim is no longer held by this ticket (a takeover may
-    /// already have happened: stop and reconcile); [`Error::Halted`] / [`Error::Io`] if the
+    /// [`crate::Error::LeaseLost`] if the claim is no longer held by this ticket (a takeover may
+    /// already have happened: stop and reconcile); [`crate::Error::Halted`] / [`crate::Error::Io`] if the
     /// commit failed.
+    /// On PostgreSQL, [`crate::Error::Database`] if the database fails or cannot be reached.
     pub fn extend(&self, ticket: &Ticket, by: Duration) -> Result<()> {
         dispatch!(self, e => e.extend(ticket, by))
     }
@@ -156,8 +160,9 @@ impl Store {
     /// A snapshot; it may be stale by the time it returns.
     ///
     /// # Errors
-    /// [`Error::InvalidKey`] / [`Error::InvalidScope`]; [`Error::Corrupted`] if the record fails
-    /// its checksum; [`Error::Halted`] after a failed commit.
+    /// [`crate::Error::InvalidKey`] / [`crate::Error::InvalidScope`]; [`crate::Error::Corrupted`] if the record fails
+    /// its checksum; [`crate::Error::Halted`] after a failed commit.
+    /// On PostgreSQL, [`crate::Error::Database`] if the database fails or cannot be reached.
     pub fn get(&self, scope: &Scope, key: &str) -> Result<Option<Entry>> {
         dispatch!(self, e => e.get(scope, key))
     }
@@ -185,6 +190,7 @@ impl Store {
     ///
     /// # Errors
     /// As [`Store::claim`].
+    /// On PostgreSQL, [`crate::Error::Database`] if the database fails or cannot be reached.
     pub async fn claim_async(
         &self,
         scope: &Scope,
@@ -201,6 +207,7 @@ impl Store {
     ///
     /// # Errors
     /// As [`Store::complete`].
+    /// On PostgreSQL, [`crate::Error::Database`] if the database fails or cannot be reached.
     pub async fn complete_async(&self, ticket: Ticket, response: Response) -> Result<()> {
         dispatch!(self, e => e.complete_async(ticket, response).await)
     }
@@ -209,6 +216,7 @@ impl Store {
     ///
     /// # Errors
     /// As [`Store::release`].
+    /// On PostgreSQL, [`crate::Error::Database`] if the database fails or cannot be reached.
     pub async fn release_async(&self, ticket: Ticket) -> Result<()> {
         dispatch!(self, e => e.release_async(ticket).await)
     }
@@ -217,6 +225,7 @@ impl Store {
     ///
     /// # Errors
     /// As [`Store::extend`].
+    /// On PostgreSQL, [`crate::Error::Database`] if the database fails or cannot be reached.
     pub async fn extend_async(&self, ticket: &Ticket, by: Duration) -> Result<()> {
         dispatch!(self, e => e.extend_async(ticket, by).await)
     }
@@ -250,12 +259,13 @@ impl Store {
     /// # Concurrency
     /// The resolver runs with no lock held, so it may take its time and may call the store. A
     /// claim that changes while the resolver runs (taken over, extended, completed) is left as
-    /// it is and not counted. The holder of a reaped claim gets [`Error::LeaseLost`] from its
+    /// it is and not counted. The holder of a reaped claim gets [`crate::Error::LeaseLost`] from its
     /// next `complete`, `release` or `extend`.
     ///
     /// # Errors
-    /// [`Error::ResponseTooLarge`] if the resolver returns an oversize response (claims resolved
-    /// before it stay resolved and durable); [`Error::Halted`] / [`Error::Io`] if a commit fails.
+    /// [`crate::Error::ResponseTooLarge`] if the resolver returns an oversize response (claims resolved
+    /// before it stay resolved and durable); [`crate::Error::Halted`] / [`crate::Error::Io`] if a commit fails.
+    /// On PostgreSQL, [`crate::Error::Database`] if the database fails or cannot be reached.
     pub fn reap(&self, resolver: impl FnMut(&StaleClaim) -> Resolution) -> Result<usize> {
         dispatch!(self, e => e.reap(resolver))
     }
@@ -269,8 +279,9 @@ impl Store {
     /// Runs alongside claims. A key re-claimed after it expired is left to its new claim.
     ///
     /// # Errors
-    /// [`Error::Halted`] / [`Error::Io`] if a commit fails; [`Error::Corrupted`] for a damaged
+    /// [`crate::Error::Halted`] / [`crate::Error::Io`] if a commit fails; [`crate::Error::Corrupted`] for a damaged
     /// expiry entry.
+    /// On PostgreSQL, [`crate::Error::Database`] if the database fails or cannot be reached.
     pub fn purge_expired(&self) -> Result<usize> {
         dispatch!(self, e => e.purge_expired())
     }
@@ -278,14 +289,16 @@ impl Store {
     /// Blocks until no claim holds `key` in `scope`, or `timeout` passes: until a claim of the
     /// key would no longer answer [`crate::Claim::InProgress`]. Returns `true` once the holder
     /// completed (and the completion is durable), released, was reaped or withdrawn, or its
-    /// lease ran out (under [`StalePolicy::TakeOver`]; under [`StalePolicy::Keep`] a stale
+    /// lease ran out (under [`crate::StalePolicy::TakeOver`]; under [`crate::StalePolicy::Keep`] a stale
     /// claim holds the key until it is reaped); `false` if `timeout` passed first. Returns at
     /// once if nothing holds the key.
     ///
-    /// It wakes as soon as the change happens, not at a polling interval: a duplicate that
-    /// waits for an in-flight request gets its replay within microseconds of the completion's
-    /// fsync. Lease ends are read from the store's [`crate::Clock`] (a
-    /// [`crate::ManualClock`] moved by a test wakes the waiter); `timeout` is real time.
+    /// On a file it wakes as soon as the change happens, not at a polling interval: a duplicate
+    /// that waits for an in-flight request gets its replay within microseconds of the
+    /// completion's fsync. Lease ends are read from the store's [`crate::Clock`] (a
+    /// [`crate::ManualClock`] moved by a test wakes the waiter); `timeout` is real time. On
+    /// PostgreSQL the waiter reads the record again after 5 ms, then at doubling intervals up to
+    /// 160 ms (never past the lease's end or the timeout), and lease ends are the database's.
     ///
     /// ```
     /// use idemdb::{Claim, Fingerprint, Response, Scope, Store};
@@ -313,6 +326,7 @@ impl Store {
     /// # Errors
     /// [`crate::Error::InvalidKey`] / [`crate::Error::InvalidScope`] for bad input;
     /// [`crate::Error::Halted`] if the store halted (also while waiting).
+    /// On PostgreSQL, [`crate::Error::Database`] if the database fails or cannot be reached.
     pub fn wait(&self, scope: &Scope, key: &str, timeout: Duration) -> Result<bool> {
         dispatch!(self, e => e.wait(scope, key, timeout))
     }
@@ -329,6 +343,7 @@ impl Store {
     ///
     /// # Errors
     /// As [`Store::wait`].
+    /// On PostgreSQL, [`crate::Error::Database`] if the database fails or cannot be reached.
     pub fn wait_async(
         &self,
         scope: &Scope,

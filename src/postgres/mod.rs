@@ -219,6 +219,15 @@ pub(crate) fn connect(mut config: Config, url: &str) -> Result<PgStore> {
     if pg.get_connect_timeout().is_none() {
         pg.connect_timeout(Duration::from_secs(10));
     }
+    // A primary that vanishes without closing its connections (a power cut, a partition)
+    // must not hang every batch for the operating system's default of hours: unacknowledged
+    // data fails the connection after 30 s, an idle one is probed after 15 s.
+    if pg.get_tcp_user_timeout().is_none() {
+        pg.tcp_user_timeout(Duration::from_secs(30));
+    }
+    if pg.get_keepalives_idle() == Duration::from_secs(2 * 60 * 60) {
+        pg.keepalives_idle(Duration::from_secs(15));
+    }
     let schema = config.schema.clone();
     let owner = config.owner.take().unwrap_or_else(random_owner);
     let (pool_size, batch_limit) = (config.pool_size, config.batch_limit);
@@ -292,12 +301,10 @@ async fn start(
         let _ = connection.await;
     });
     schema::check_durability(&client).await?;
+    schema::make_commits_durable(&client).await?;
     schema::migrate(&mut client, &schema).await?;
     params.incarnation = client
-        .query_one(
-            &schema::qualify("SELECT nextval('{s}.incarnations')", &schema),
-            &[],
-        )
+        .query_one(&schema::qualify(sql::INCARNATION, &schema), &[])
         .await
         .map_err(db_error)?
         .get(0);
@@ -325,11 +332,16 @@ fn clock_adjustment(config: &Config) -> Box<dyn Fn() -> Option<i64> + Send + Syn
     Box::new(move || Some(i64::try_from(crate::clock::to_millis(clock.now())).unwrap_or(i64::MAX)))
 }
 
-/// Blocks the calling thread until `rx` answers. Inside a multi-threaded tokio runtime the
+/// Blocks the calling thread until `rx` answers (see [`blocking`]).
+fn block<T>(rx: oneshot::Receiver<Result<T>>) -> Result<T> {
+    blocking(answer(rx))
+}
+
+/// Runs `future` to its end on the calling thread. Inside a multi-threaded tokio runtime the
 /// worker thread is handed over first (`block_in_place`), so its other tasks keep running; on
 /// a current-thread runtime the thread simply blocks (use the `_async` operations there).
-fn block<T>(rx: oneshot::Receiver<Result<T>>) -> Result<T> {
-    let wait = move || block_on(rx).unwrap_or_else(|oneshot::Canceled| Err(stopped()));
+fn blocking<F: Future>(future: F) -> F::Output {
+    let wait = move || block_on(future);
     match tokio::runtime::Handle::try_current() {
         Ok(handle) if handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
             tokio::task::block_in_place(wait)
@@ -949,23 +961,7 @@ impl PgStore {
     }
 
     pub(crate) fn wait(&self, scope: &Scope, key: &str, timeout: Duration) -> Result<bool> {
-        let scoped = scoped_key(scope, key)?;
-        let deadline = Instant::now()
-            .checked_add(timeout)
-            .unwrap_or_else(crate::timer::far_future);
-        for round in 0.. {
-            let (now, held) = block(self.read(&scoped))?;
-            let Some(left) = self.look(now, held.as_ref()) else {
-                return Ok(true);
-            };
-            let at = Self::poll_pause(round, left, deadline);
-            let now = Instant::now();
-            if now >= deadline {
-                return Ok(false);
-            }
-            std::thread::sleep(at.saturating_duration_since(now));
-        }
-        unreachable!("the loop above only returns")
+        blocking(self.wait_async(scope, key, timeout))
     }
 
     pub(crate) fn wait_async(

@@ -14,12 +14,13 @@ pub(crate) fn check_name(name: &str) -> std::result::Result<(), String> {
         && name
             .bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
-        && !name.as_bytes()[0].is_ascii_digit();
+        && !name.as_bytes()[0].is_ascii_digit()
+        && !name.starts_with("pg_");
     if ok {
         Ok(())
     } else {
         Err(format!(
-            "schema name {name:?} is not 1 to 63 lower-case ASCII letters, digits and _ (not starting with a digit)"
+            "schema name {name:?} is not 1 to 63 lower-case ASCII letters, digits and _ (not starting with a digit or pg_)"
         ))
     }
 }
@@ -43,9 +44,6 @@ pub(crate) async fn migrate(client: &mut Client, schema: &str) -> Result<()> {
     )
     .await
     .map_err(db_error)?;
-    tx.batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS \"{schema}\""))
-        .await
-        .map_err(db_error)?;
     let meta = qualify("{s}.meta", schema);
     let exists: Option<String> = tx
         .query_one("SELECT to_regclass($1::text)::text", &[&meta])
@@ -58,15 +56,22 @@ pub(crate) async fn migrate(client: &mut Client, schema: &str) -> Result<()> {
             .await
             .map_err(db_error)?
             .map(|row| row.get(0));
-        if let Some(found) = found {
-            if found > SCHEMA_VERSION {
+        match found {
+            Some(found) if found > SCHEMA_VERSION => {
                 return Err(Error::UnsupportedFormat {
                     found: u64::try_from(found).unwrap_or_default(),
                     supported: u64::try_from(SCHEMA_VERSION).unwrap_or_default(),
                 });
             }
+            // Up to date: no DDL at all, so a role that may only read and write the tables
+            // (not create in the database) connects to a schema made by another.
+            Some(SCHEMA_VERSION) => return tx.commit().await.map_err(db_error),
+            _ => {}
         }
     }
+    tx.batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS \"{schema}\""))
+        .await
+        .map_err(db_error)?;
     // Version 1 is the only one so far: creating what is missing is the whole migration.
     tx.batch_execute(&qualify(CREATE, schema))
         .await
@@ -136,6 +141,7 @@ mod tests {
             "a\"b",
             "a b",
             "é",
+            "pg_x",
             &"a".repeat(64),
         ] {
             assert!(check_name(bad).is_err(), "{bad}");

@@ -24,11 +24,14 @@ macro_rules! now_ms {
 ///   row's current claim replaced, so that one statement can return it.
 /// - `fences`: the fencing counter shared by every replica; `nextval` never goes back.
 /// - `incarnations`: one number per connected `Store`, so a restarted replica knows its
-///   earlier claims (same owner, smaller incarnation) as orphans.
+///   earlier claims (same owner, smaller incarnation) as orphans. Each number is written to
+///   `meta.last_incarnation` by a committed update, so that a crash of the server cannot hand
+///   it out again (a sequence's advance is only durable with a commit that wrote).
 pub(crate) const CREATE: &str = r#"
 CREATE TABLE IF NOT EXISTS {s}.meta (
     singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
-    schema_version integer NOT NULL
+    schema_version integer NOT NULL,
+    last_incarnation bigint NOT NULL DEFAULT 0
 );
 CREATE SEQUENCE IF NOT EXISTS {s}.fences AS bigint MINVALUE 1 NO CYCLE;
 CREATE SEQUENCE IF NOT EXISTS {s}.incarnations AS bigint MINVALUE 1 NO CYCLE;
@@ -60,6 +63,7 @@ CREATE TABLE IF NOT EXISTS {s}.records (
 CREATE INDEX IF NOT EXISTS records_expiry ON {s}.records (expires_at) WHERE completed;
 CREATE INDEX IF NOT EXISTS records_lease ON {s}.records (lease_until) WHERE NOT completed;
 CREATE INDEX IF NOT EXISTS records_owner ON {s}.records (owner, incarnation) WHERE NOT completed;
+CREATE INDEX IF NOT EXISTS records_orphan ON {s}.records (fence) WHERE orphan AND NOT completed;
 INSERT INTO {s}.meta (schema_version) VALUES (1) ON CONFLICT DO NOTHING;
 "#;
 
@@ -74,6 +78,9 @@ INSERT INTO {s}.meta (schema_version) VALUES (1) ON CONFLICT DO NOTHING;
 /// lock, so a record the snapshot did not show (committed by another session meanwhile) is
 /// never overwritten by mistake: the insert conflicts, its `WHERE` is false, and the key comes
 /// back with neither a win nor a visible record, to be claimed again by a next statement.
+///
+/// `excluded.fence > r.fence` keeps each key's fences growing even if this statement drew its
+/// fence before the claim it replaces drew its own (a statement that waited a whole lease).
 ///
 /// Parameters: `$1` test clock, `$2..$5` tenants, endpoints, keys, fingerprints, `$6`
 /// lease in ms, `$7` take over stale claims, `$8` owner, `$9` incarnation.
@@ -107,9 +114,10 @@ won AS (
         replaced_fence = r.fence, replaced_claimed_at = r.claimed_at,
         replaced_orphan = r.orphan OR (r.owner = excluded.owner AND r.incarnation < excluded.incarnation),
         replaced_in_progress = NOT r.completed
-    WHERE (r.completed AND r.expires_at <= excluded.claimed_at)
-       OR ($7::boolean AND NOT r.completed AND r.lease_until <= excluded.claimed_at
-           AND r.fingerprint = excluded.fingerprint)
+    WHERE excluded.fence > r.fence
+      AND ((r.completed AND r.expires_at <= excluded.claimed_at)
+        OR ($7::boolean AND NOT r.completed AND r.lease_until <= excluded.claimed_at
+            AND r.fingerprint = excluded.fingerprint))
     RETURNING r.tenant, r.endpoint, r.key, r.fence, r.claimed_at, r.lease_until,
         r.replaced_fence, r.replaced_claimed_at, r.replaced_orphan, r.replaced_in_progress
 )
@@ -248,3 +256,7 @@ WHERE r.tenant = due.tenant AND r.endpoint = due.endpoint AND r.key = due.key
 /// The number of records, expired ones not yet purged included (as the file engine's index
 /// counts them). A count: O(records), for `stats`, which operators call now and then.
 pub(crate) const COUNT: &str = "SELECT count(*) FROM {s}.records";
+
+/// Takes this store's incarnation, durably (see [`CREATE`]).
+pub(crate) const INCARNATION: &str =
+    "UPDATE {s}.meta SET last_incarnation = nextval('{s}.incarnations') RETURNING last_incarnation";

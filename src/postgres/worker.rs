@@ -20,6 +20,8 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use tokio::sync::{mpsc, Mutex as AsyncMutex, OwnedSemaphorePermit, Semaphore};
+use tokio_postgres::error::SqlState;
+use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, NoTls, Row, Statement};
 
 /// How many times a batch looks again for a claim whose key another session wrote after the
@@ -134,6 +136,9 @@ impl Conn {
             // client reports the error.
             let _ = connection.await;
         });
+        // Checked again on every connection: a reconnect may reach another server (a
+        // failover through a multi-host URL).
+        super::schema::check_durability(&client).await?;
         super::schema::make_commits_durable(&client).await?;
         let [claim, complete, release, extend, abandon, get] = [
             sql::CLAIM,
@@ -384,6 +389,12 @@ fn first_of_each_key<T>(items: Vec<T>, target: impl Fn(&T) -> &Target) -> (Vec<T
     (first, later)
 }
 
+/// One order for the keys of every batch: batches that lock rows in a common order deadlock
+/// less (and a deadlock, which undoes the statement, is retried).
+fn by_key(a: &Target, b: &Target) -> std::cmp::Ordering {
+    (&a.tenant, &a.endpoint, a.key.as_bytes()).cmp(&(&b.tenant, &b.endpoint, b.key.as_bytes()))
+}
+
 /// The key columns of a batch, as arrays.
 fn columns<'a>(
     targets: impl Iterator<Item = &'a Target>,
@@ -411,23 +422,22 @@ async fn claims(
         pending = later;
         let (tenants, endpoints, keys) = columns(now_batch.iter().map(|c| &c.0));
         let fingerprints: Vec<&[u8]> = now_batch.iter().map(|c| c.1.as_slice()).collect();
-        let result = conn
-            .client
-            .query(
-                &conn.claim,
-                &[
-                    &(context.adjust)(),
-                    &tenants,
-                    &endpoints,
-                    &keys,
-                    &fingerprints,
-                    &p.lease_ms,
-                    &p.take_over,
-                    &p.owner,
-                    &p.incarnation,
-                ],
-            )
-            .await;
+        let result = query(
+            &conn.client,
+            &conn.claim,
+            &[
+                &(context.adjust)(),
+                &tenants,
+                &endpoints,
+                &keys,
+                &fingerprints,
+                &p.lease_ms,
+                &p.take_over,
+                &p.owner,
+                &p.incarnation,
+            ],
+        )
+        .await;
         let rows = match result {
             Ok(rows) if rows.len() == now_batch.len() => rows,
             Ok(rows) => {
@@ -492,16 +502,20 @@ async fn claims(
         // A duplicate of a decided key is answered by what the key holds after this
         // statement, as if it came right after it: a retry storm on one key costs one
         // statement, not one per duplicate.
-        pending.retain_mut(|(target, _, reply)| {
+        pending.retain_mut(|(target, fingerprint, reply)| {
             let Some((now, record)) = decided.get(&key_columns(target)) else {
                 return true;
             };
-            let (closed, _) = oneshot::channel();
-            let reply = std::mem::replace(reply, closed);
-            let _ = reply.send(Ok(ClaimRow::Held {
+            let answer = ClaimRow::Held {
                 now: *now,
                 record: record.clone(),
-            }));
+            };
+            // A record this claim would take (stale, with its fingerprint): a statement must.
+            if !settled(&answer, fingerprint, p.take_over) {
+                return true;
+            }
+            let (closed, _) = oneshot::channel();
+            let _ = std::mem::replace(reply, closed).send(Ok(answer));
             false
         });
     }
@@ -636,24 +650,27 @@ async fn withdraw(context: &Context, conn: &Conn, target: &Target, fence: i64, t
     let key = vec![target.key.as_str()];
     let fences = vec![fence];
     let result = if takeover {
-        conn.client
-            .execute(
-                &conn.extend,
-                &[
-                    &(context.adjust)(),
-                    &tenant,
-                    &endpoint,
-                    &key,
-                    &fences,
-                    &true,
-                    &vec![0i64],
-                ],
-            )
-            .await
+        execute(
+            &conn.client,
+            &conn.extend,
+            &[
+                &(context.adjust)(),
+                &tenant,
+                &endpoint,
+                &key,
+                &fences,
+                &true,
+                &vec![0i64],
+            ],
+        )
+        .await
     } else {
-        conn.client
-            .execute(&conn.release, &[&tenant, &endpoint, &key, &fences])
-            .await
+        execute(
+            &conn.client,
+            &conn.release,
+            &[&tenant, &endpoint, &key, &fences],
+        )
+        .await
     };
     // A failure leaves the claim to its lease, as a crash would.
     let _ = result;
@@ -662,30 +679,30 @@ async fn withdraw(context: &Context, conn: &Conn, target: &Target, fence: i64, t
 
 async fn completes(context: &Context, conn: &Conn, mut pending: Vec<CompleteItem>) {
     while !pending.is_empty() {
-        let (batch, later) = first_of_each_key(pending, |c| &c.0 .0);
+        let (mut batch, later) = first_of_each_key(pending, |c| &c.0 .0);
+        batch.sort_by(|a, b| by_key(&a.0 .0, &b.0 .0));
         pending = later;
         let (tenants, endpoints, keys) = columns(batch.iter().map(|c| &c.0 .0));
         let fences: Vec<i64> = batch.iter().map(|c| c.0 .1).collect();
         let statuses: Vec<i32> = batch.iter().map(|c| c.1).collect();
         let headers: Vec<&[u8]> = batch.iter().map(|c| c.2.as_slice()).collect();
         let bodies: Vec<&[u8]> = batch.iter().map(|c| c.3.as_slice()).collect();
-        let result = conn
-            .client
-            .query(
-                &conn.complete,
-                &[
-                    &(context.adjust)(),
-                    &tenants,
-                    &endpoints,
-                    &keys,
-                    &fences,
-                    &statuses,
-                    &headers,
-                    &bodies,
-                    &context.params.ttl_ms,
-                ],
-            )
-            .await;
+        let result = query(
+            &conn.client,
+            &conn.complete,
+            &[
+                &(context.adjust)(),
+                &tenants,
+                &endpoints,
+                &keys,
+                &fences,
+                &statuses,
+                &headers,
+                &bodies,
+                &context.params.ttl_ms,
+            ],
+        )
+        .await;
         context.commits.fetch_add(1, Ordering::Relaxed);
         let done = fenced_rows(result);
         for (fenced, .., reply) in batch {
@@ -699,16 +716,19 @@ async fn completes(context: &Context, conn: &Conn, mut pending: Vec<CompleteItem
 
 async fn releases(context: &Context, conn: &Conn, mut pending: Vec<(Fenced, Option<Reply<bool>>)>) {
     while !pending.is_empty() {
-        let (batch, later) = first_of_each_key(pending, |c| &c.0 .0);
+        let (mut batch, later) = first_of_each_key(pending, |c| &c.0 .0);
+        batch.sort_by(|a, b| by_key(&a.0 .0, &b.0 .0));
         pending = later;
         let (tenants, endpoints, keys) = columns(batch.iter().map(|c| &c.0 .0));
         let fences: Vec<i64> = batch.iter().map(|c| c.0 .1).collect();
-        let result = conn
-            .client
-            .query(&conn.release, &[&tenants, &endpoints, &keys, &fences])
-            .await
-            .map(|rows| rows.iter().map(|r| r.get::<_, i64>(0)).collect::<Vec<_>>())
-            .map_err(db_error);
+        let result = query(
+            &conn.client,
+            &conn.release,
+            &[&tenants, &endpoints, &keys, &fences],
+        )
+        .await
+        .map(|rows| rows.iter().map(|r| r.get::<_, i64>(0)).collect::<Vec<_>>())
+        .map_err(db_error);
         context.commits.fetch_add(1, Ordering::Relaxed);
         for (fenced, reply) in batch {
             if let Some(reply) = reply {
@@ -726,26 +746,26 @@ async fn extends(context: &Context, conn: &Conn, pending: Vec<ExtendItem>) {
     let (orphaned, renewed): (Vec<_>, Vec<_>) = pending.into_iter().partition(|e| e.2);
     for (mut pending, orphan) in [(orphaned, true), (renewed, false)] {
         while !pending.is_empty() {
-            let (batch, later) = first_of_each_key(pending, |c| &c.0 .0);
+            let (mut batch, later) = first_of_each_key(pending, |c| &c.0 .0);
+            batch.sort_by(|a, b| by_key(&a.0 .0, &b.0 .0));
             pending = later;
             let (tenants, endpoints, keys) = columns(batch.iter().map(|c| &c.0 .0));
             let fences: Vec<i64> = batch.iter().map(|c| c.0 .1).collect();
             let by: Vec<i64> = batch.iter().map(|c| c.1).collect();
-            let result = conn
-                .client
-                .query(
-                    &conn.extend,
-                    &[
-                        &(context.adjust)(),
-                        &tenants,
-                        &endpoints,
-                        &keys,
-                        &fences,
-                        &orphan,
-                        &by,
-                    ],
-                )
-                .await;
+            let result = query(
+                &conn.client,
+                &conn.extend,
+                &[
+                    &(context.adjust)(),
+                    &tenants,
+                    &endpoints,
+                    &keys,
+                    &fences,
+                    &orphan,
+                    &by,
+                ],
+            )
+            .await;
             context.commits.fetch_add(1, Ordering::Relaxed);
             let done = fenced_rows(result);
             for (fenced, .., reply) in batch {
@@ -764,15 +784,72 @@ async fn extends(context: &Context, conn: &Conn, pending: Vec<ExtendItem>) {
 
 async fn abandons(conn: &Conn, mut pending: Vec<Fenced>) {
     while !pending.is_empty() {
-        let (batch, later) = first_of_each_key(pending, |c| &c.0);
+        let (mut batch, later) = first_of_each_key(pending, |c| &c.0);
+        batch.sort_by(|a, b| by_key(&a.0, &b.0));
         pending = later;
         let (tenants, endpoints, keys) = columns(batch.iter().map(|c| &c.0));
         let fences: Vec<i64> = batch.iter().map(|c| c.1).collect();
         // A failure leaves the claim in progress until its lease ends, as a crash would.
-        let _ = conn
-            .client
-            .execute(&conn.abandon, &[&tenants, &endpoints, &keys, &fences])
-            .await;
+        let _ = execute(
+            &conn.client,
+            &conn.abandon,
+            &[&tenants, &endpoints, &keys, &fences],
+        )
+        .await;
+    }
+}
+
+/// Whether a statement failed without effect and may simply run again: a deadlock (two
+/// batches on two connections locking the same rows in different orders) or a serialization
+/// failure (engines that run SERIALIZABLE).
+fn retryable(e: &tokio_postgres::Error) -> bool {
+    e.code().is_some_and(|c| {
+        *c == SqlState::T_R_DEADLOCK_DETECTED || *c == SqlState::T_R_SERIALIZATION_FAILURE
+    })
+}
+
+/// How many times a statement that failed without effect is run again.
+const RETRIES: u32 = 8;
+
+/// Runs a statement, again (after a short, growing pause) while it fails without effect.
+pub(crate) async fn query<T>(
+    client: &Client,
+    statement: &T,
+    params: &[&(dyn ToSql + Sync)],
+) -> std::result::Result<Vec<Row>, tokio_postgres::Error>
+where
+    T: ?Sized + tokio_postgres::ToStatement,
+{
+    let mut attempt = 0;
+    loop {
+        match client.query(statement, params).await {
+            Err(e) if retryable(&e) && attempt < RETRIES => {
+                attempt += 1;
+                tokio::time::sleep(std::time::Duration::from_millis(1 << attempt.min(6))).await;
+            }
+            other => return other,
+        }
+    }
+}
+
+/// [`query`] for a statement whose rows are not needed: the number of rows it changed.
+pub(crate) async fn execute<T>(
+    client: &Client,
+    statement: &T,
+    params: &[&(dyn ToSql + Sync)],
+) -> std::result::Result<u64, tokio_postgres::Error>
+where
+    T: ?Sized + tokio_postgres::ToStatement,
+{
+    let mut attempt = 0;
+    loop {
+        match client.execute(statement, params).await {
+            Err(e) if retryable(&e) && attempt < RETRIES => {
+                attempt += 1;
+                tokio::time::sleep(std::time::Duration::from_millis(1 << attempt.min(6))).await;
+            }
+            other => return other,
+        }
     }
 }
 
