@@ -17,12 +17,12 @@ use crate::error::Result;
 use crate::file::index::{KeyHash, SlotState};
 use crate::file::store::FileStore;
 use crate::scope::Scope;
-use crate::sync::{Arc, AtomicU64, Mutex, Ordering};
+use crate::sync::{AtomicU64, Mutex, Ordering};
 use crate::timer::{far_future, sleep_until, Delay};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::AtomicUsize;
-use std::task::{Context, Poll, Wake, Waker};
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 /// The waiters of one store: (registration id, key hash, waker).
@@ -174,19 +174,6 @@ impl Drop for Watch<'_> {
     }
 }
 
-/// Unparks the waiting thread.
-struct Unpark(std::thread::Thread);
-
-impl Wake for Unpark {
-    fn wake(self: Arc<Self>) {
-        self.0.unpark();
-    }
-
-    fn wake_by_ref(self: &Arc<Self>) {
-        self.0.unpark();
-    }
-}
-
 impl FileStore {
     pub(crate) fn wait(&self, scope: &Scope, key: &str, timeout: Duration) -> Result<bool> {
         let key = self.claim_key(scope, key)?;
@@ -194,7 +181,7 @@ impl FileStore {
             .checked_add(timeout)
             .unwrap_or_else(far_future);
         let watch = Watch::new(self, key.hash);
-        let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+        let waker = crate::sync::thread_waker();
         loop {
             let seen = watch.look(&waker)?;
             if matches!(seen, Seen::Free) {

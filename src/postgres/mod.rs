@@ -22,7 +22,7 @@ use crate::stats::{Counters, Stats};
 use crate::sync::{Arc, AtomicU64, Ordering};
 use futures_channel::oneshot;
 use std::future::Future;
-use std::task::{Context, Poll, Wake, Waker};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::mpsc;
 use worker::{ClaimParams, ClaimRow, Conn, Held, Job, Pool};
@@ -352,13 +352,7 @@ fn blocking<F: Future>(future: F) -> F::Output {
 
 /// Polls `future` on this thread, parking between wake-ups.
 fn block_on<F: Future>(future: F) -> F::Output {
-    struct Unpark(std::thread::Thread);
-    impl Wake for Unpark {
-        fn wake(self: std::sync::Arc<Self>) {
-            self.0.unpark();
-        }
-    }
-    let waker = Waker::from(std::sync::Arc::new(Unpark(std::thread::current())));
+    let waker = crate::sync::thread_waker();
     let mut cx = Context::from_waker(&waker);
     let mut future = std::pin::pin!(future);
     loop {

@@ -811,18 +811,16 @@ fn retryable(e: &tokio_postgres::Error) -> bool {
 /// How many times a statement that failed without effect is run again.
 const RETRIES: u32 = 8;
 
-/// Runs a statement, again (after a short, growing pause) while it fails without effect.
-pub(crate) async fn query<T>(
-    client: &Client,
-    statement: &T,
-    params: &[&(dyn ToSql + Sync)],
-) -> std::result::Result<Vec<Row>, tokio_postgres::Error>
+/// Runs what `run` sends again, after a short and growing pause, while it fails without
+/// effect.
+async fn retrying<T, F, Fut>(mut run: F) -> std::result::Result<T, tokio_postgres::Error>
 where
-    T: ?Sized + tokio_postgres::ToStatement,
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = std::result::Result<T, tokio_postgres::Error>>,
 {
     let mut attempt = 0;
     loop {
-        match client.query(statement, params).await {
+        match run().await {
             Err(e) if retryable(&e) && attempt < RETRIES => {
                 attempt += 1;
                 tokio::time::sleep(std::time::Duration::from_millis(1 << attempt.min(6))).await;
@@ -832,7 +830,19 @@ where
     }
 }
 
-/// [`query`] for a statement whose rows are not needed: the number of rows it changed.
+/// Runs a statement for its rows, again while it fails without effect.
+pub(crate) async fn query<T>(
+    client: &Client,
+    statement: &T,
+    params: &[&(dyn ToSql + Sync)],
+) -> std::result::Result<Vec<Row>, tokio_postgres::Error>
+where
+    T: ?Sized + tokio_postgres::ToStatement,
+{
+    retrying(|| client.query(statement, params)).await
+}
+
+/// Runs a statement for the number of rows it changed, again while it fails without effect.
 pub(crate) async fn execute<T>(
     client: &Client,
     statement: &T,
@@ -841,16 +851,7 @@ pub(crate) async fn execute<T>(
 where
     T: ?Sized + tokio_postgres::ToStatement,
 {
-    let mut attempt = 0;
-    loop {
-        match client.execute(statement, params).await {
-            Err(e) if retryable(&e) && attempt < RETRIES => {
-                attempt += 1;
-                tokio::time::sleep(std::time::Duration::from_millis(1 << attempt.min(6))).await;
-            }
-            other => return other,
-        }
-    }
+    retrying(|| client.execute(statement, params)).await
 }
 
 /// `(fence, time)` of each row a statement returned.
