@@ -151,8 +151,10 @@ impl StoreBuilder {
     }
 
     /// Memory for recently replayed responses, so repeated retries of one key read its record
-    /// from the file once. Default: 8 MiB; 0 turns it off. Responses larger than a 64th of it
-    /// are never cached.
+    /// from the file (or the database) once. Default: 8 MiB; 0 turns it off. Responses larger
+    /// than a 64th of it are never cached. On PostgreSQL a cached response is replayed without
+    /// a statement only while its record's expiry is more than a second ahead of the
+    /// database's time as this store last saw it: a completion is final until it expires.
     pub fn replay_cache_size(mut self, bytes: usize) -> Self {
         self.config.replay_cache_bytes = bytes;
         self
@@ -241,7 +243,7 @@ impl StoreBuilder {
     /// probed after 15 s.
     /// The store's sessions commit with `synchronous_commit = on` (or the server's
     /// `remote_apply`). The options that only mean something for a file (`cache_size`,
-    /// `journal_size`, `replay_cache_size`, `page_check`, `stripes`) are ignored. Connections
+    /// `journal_size`, `page_check`, `stripes`) are ignored. Connections
     /// are not encrypted (TLS is not supported yet): use it on a trusted network or a local
     /// socket. See `docs/postgres.md`.
     ///

@@ -1,16 +1,20 @@
-//! A bounded cache of completed responses, by fence, that replays read through: a retry storm on
-//! one key reads its record from the file once, not once per retry.
+//! A bounded cache of completed responses that replays read through: a retry storm on one key
+//! reads its record once, not once per retry. The file engine keys it by fence, the PostgreSQL
+//! engine by scoped key.
 //!
-//! A fence's completed record never changes (a completion is final, and a fence is never reused),
-//! so an entry can only go out of date by its record being deleted, after which the index no
-//! longer points at that fence and nothing looks it up. Entries are evicted oldest first once
-//! their bytes pass the budget. Each entry keeps its scoped key and full fingerprint, so a hit
-//! is checked exactly as a read from the file is.
+//! A completed record never changes until it expires (a completion is final, and a fence is
+//! never reused). On the file, an entry can only go out of date by its record being deleted,
+//! after which the index no longer points at that fence and nothing looks it up. On PostgreSQL
+//! an entry is served only while its `expires_at` is well ahead of the database's time (see
+//! `postgres/mod.rs`). Entries are evicted oldest first once their bytes pass the budget. Each
+//! entry keeps its scoped key and full fingerprint, so a hit is checked exactly as a read is.
 
 use crate::fingerprint::Fingerprint;
 use crate::response::Response;
 use crate::sync::{Arc, Mutex};
+use std::collections::hash_map::RandomState;
 use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasher, Hash};
 
 const SHARDS: usize = 16;
 /// Bookkeeping per entry besides its bytes (map slot, queue slot, `Arc`, allocations).
@@ -22,6 +26,28 @@ pub(crate) struct Cached {
     pub(crate) key: Box<[u8]>,
     pub(crate) fingerprint: Fingerprint,
     pub(crate) response: Response,
+    /// When the record expires (milliseconds since the epoch): `u64::MAX` on the file, whose
+    /// index decides expiry before the cache is asked.
+    pub(crate) expires_at: u64,
+}
+
+/// What a cache is keyed by, and how a key picks its shard.
+pub(crate) trait CacheKey: Hash + Eq + Clone {
+    fn shard(&self, state: &RandomState) -> usize;
+}
+
+impl CacheKey for u64 {
+    fn shard(&self, _: &RandomState) -> usize {
+        // Fences are consecutive, so their low bits spread evenly.
+        usize::try_from(*self % SHARDS as u64).expect("below SHARDS")
+    }
+}
+
+impl CacheKey for Box<[u8]> {
+    fn shard(&self, state: &RandomState) -> usize {
+        // Keyed: clients choose keys, and must not be able to crowd one shard.
+        usize::try_from(state.hash_one(self) % SHARDS as u64).expect("below SHARDS")
+    }
 }
 
 impl Cached {
@@ -38,51 +64,62 @@ impl Cached {
     }
 }
 
-#[derive(Debug, Default)]
-struct Shard {
-    map: HashMap<u64, Arc<Cached>>,
-    order: VecDeque<u64>,
+#[derive(Debug)]
+struct Shard<K> {
+    map: HashMap<K, Arc<Cached>>,
+    order: VecDeque<K>,
     bytes: usize,
 }
 
-#[derive(Debug)]
-pub(crate) struct ReplayCache {
-    shards: Box<[Mutex<Shard>]>,
-    budget: usize,
+impl<K> Default for Shard<K> {
+    fn default() -> Self {
+        Shard {
+            map: HashMap::new(),
+            order: VecDeque::new(),
+            bytes: 0,
+        }
+    }
 }
 
-impl ReplayCache {
+#[derive(Debug)]
+pub(crate) struct ReplayCache<K = u64> {
+    shards: Box<[Mutex<Shard<K>>]>,
+    budget: usize,
+    state: RandomState,
+}
+
+impl<K: CacheKey> ReplayCache<K> {
     /// A cache of at most about `bytes`; 0 caches nothing.
-    pub(crate) fn new(bytes: usize) -> ReplayCache {
+    pub(crate) fn new(bytes: usize) -> ReplayCache<K> {
         ReplayCache {
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
             budget: bytes / SHARDS,
+            state: RandomState::new(),
         }
     }
 
-    fn shard(&self, fence: u64) -> &Mutex<Shard> {
-        // Fences are consecutive, so their low bits spread evenly.
-        &self.shards[usize::try_from(fence % SHARDS as u64).expect("below SHARDS")]
+    fn shard(&self, key: &K) -> &Mutex<Shard<K>> {
+        &self.shards[key.shard(&self.state)]
     }
 
-    pub(crate) fn get(&self, fence: u64) -> Option<Arc<Cached>> {
+    pub(crate) fn get(&self, key: &K) -> Option<Arc<Cached>> {
         if self.budget == 0 {
             return None;
         }
-        self.shard(fence).lock().map.get(&fence).cloned()
+        self.shard(key).lock().map.get(key).cloned()
     }
 
     /// Caches `entry` unless it would take more than a quarter of its shard's budget.
-    pub(crate) fn insert(&self, fence: u64, entry: Cached) {
+    pub(crate) fn insert(&self, key: K, entry: Cached) {
         let cost = entry.cost();
         if cost > self.budget / 4 {
             return;
         }
-        let mut shard = self.shard(fence).lock();
-        if shard.map.insert(fence, Arc::new(entry)).is_some() {
+        let mut shard = self.shard(&key).lock();
+        if shard.map.insert(key.clone(), Arc::new(entry)).is_some() {
             return; // a racing replay cached it first; its cost is already counted
         }
-        shard.order.push_back(fence);
+        shard.order.push_back(key);
         shard.bytes += cost;
         while shard.bytes > self.budget {
             let Some(old) = shard.order.pop_front() else {
@@ -104,20 +141,21 @@ mod tests {
             key: Box::new(*b"key"),
             fingerprint: Fingerprint::of(b"f"),
             response: Response::new(200, vec![7; body]),
+            expires_at: u64::MAX,
         }
     }
 
     #[test]
     fn hits_what_it_holds_and_stays_within_its_budget() {
-        let cache = ReplayCache::new(16 * 4096);
+        let cache = ReplayCache::<u64>::new(16 * 4096);
         cache.insert(1, entry(10));
-        assert_eq!(cache.get(1).unwrap().response.body, vec![7; 10]);
-        assert!(cache.get(2).is_none());
+        assert_eq!(cache.get(&1).unwrap().response.body, vec![7; 10]);
+        assert!(cache.get(&2).is_none());
         // Fill one shard (fences 1, 17, 33, ... share it) well past its 4096 bytes.
         for i in 0..100 {
             cache.insert(1 + 16 * i, entry(200));
         }
-        let shard = cache.shard(1).lock();
+        let shard = cache.shard(&1).lock();
         assert!(shard.bytes <= 4096, "{}", shard.bytes);
         assert_eq!(shard.map.len(), shard.order.len());
         assert!(shard.map.contains_key(&(1 + 16 * 99)), "the newest stays");
@@ -126,11 +164,11 @@ mod tests {
 
     #[test]
     fn large_responses_and_a_zero_budget_are_not_cached() {
-        let cache = ReplayCache::new(16 * 4096);
+        let cache = ReplayCache::<u64>::new(16 * 4096);
         cache.insert(3, entry(2000));
-        assert!(cache.get(3).is_none());
-        let off = ReplayCache::new(0);
+        assert!(cache.get(&3).is_none());
+        let off = ReplayCache::<u64>::new(0);
         off.insert(3, entry(1));
-        assert!(off.get(3).is_none());
+        assert!(off.get(&3).is_none());
     }
 }

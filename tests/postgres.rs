@@ -706,3 +706,51 @@ fn a_wrong_password_is_refused_at_connect() {
         Claim::Acquired(_)
     ));
 }
+
+/// A completion is final until it expires, so a replica replays it from its own cache: the
+/// replay needs no statement, and still answers while the database is away. Another
+/// fingerprint is a mismatch from the cache too. In progress is never cached.
+#[test]
+fn replays_come_from_the_local_cache_of_completed_responses() {
+    let proxy = Proxy::start();
+    let store = Store::builder()
+        .schema(schema("cache"))
+        .connect(&proxy.url())
+        .unwrap();
+    let fp = Fingerprint::of(b"x");
+    let Claim::Acquired(t) = store.claim(&scope(), "done", fp).unwrap() else {
+        panic!()
+    };
+    store.complete(t, Response::new(201, "paid")).unwrap();
+    let Claim::Acquired(_held) = store.claim(&scope(), "held", fp).unwrap() else {
+        panic!()
+    };
+    // The first replay reads the record, and caches it.
+    assert!(matches!(
+        store.claim(&scope(), "done", fp).unwrap(),
+        Claim::Replay(_)
+    ));
+    let statements = store.stats().commit_batches;
+    proxy.cut();
+    for _ in 0..100 {
+        let Claim::Replay(r) = store.claim(&scope(), "done", fp).unwrap() else {
+            panic!("a cached completion replays")
+        };
+        assert_eq!(r.body(), b"paid");
+    }
+    assert!(matches!(
+        store
+            .claim(&scope(), "done", Fingerprint::of(b"other"))
+            .unwrap(),
+        Claim::Mismatch { completed: true }
+    ));
+    assert!(
+        matches!(
+            store.claim(&scope(), "held", fp),
+            Err(Error::Database { .. })
+        ),
+        "in progress is always read from the database"
+    );
+    proxy.restore();
+    assert_eq!(store.stats().commit_batches, statements);
+}

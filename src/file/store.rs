@@ -278,7 +278,7 @@ impl FileStore {
     /// holds another record (expired and re-claimed meanwhile) the claim looks again.
     fn replay(&self, key: &IndexKey, fence: u64, fingerprint: Fingerprint) -> Result<Attempt> {
         let c = &self.inner.counters;
-        if let Some(hit) = self.inner.replays.get(fence) {
+        if let Some(hit) = self.inner.replays.get(&fence) {
             if hit.key == key.bytes {
                 return Ok(if hit.fingerprint != fingerprint {
                     Counters::bump(&c.mismatches, 1);
@@ -306,6 +306,7 @@ impl FileStore {
                         key: key.bytes.clone(),
                         fingerprint,
                         response: response.clone(),
+                        expires_at: u64::MAX,
                     },
                 );
                 Attempt::Answer(Claim::Replay(response))

@@ -16,12 +16,14 @@ use crate::error::{Damaged, Error, Result};
 use crate::file::index::{IndexKey, KeyHash};
 use crate::fingerprint::Fingerprint;
 use crate::record::response_size;
+use crate::replay_cache::{Cached, ReplayCache};
 use crate::response::Response;
 use crate::scope::{display_scoped_key, scoped_key, scoped_key_parts, Scope};
 use crate::stats::{Counters, Stats};
 use crate::sync::{Arc, AtomicU64, Ordering};
 use futures_channel::oneshot;
 use std::future::Future;
+use std::sync::atomic::AtomicI64;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::mpsc;
@@ -83,8 +85,24 @@ pub(crate) struct Shared {
     config: Config,
     schema: String,
     counters: Counters,
+    /// Completed responses this store has replayed, by scoped key.
+    replays: ReplayCache<Box<[u8]>>,
+    /// The database's clock as last seen: its time minus `started`'s elapsed milliseconds, at
+    /// the moment of a statement's answer; [`UNSEEN`] before the first.
+    db_offset: AtomicI64,
+    started: Instant,
     thread: parking_lot::Mutex<Option<std::thread::JoinHandle<()>>>,
 }
+
+/// `Shared::db_offset` before any statement answered.
+const UNSEEN: i64 = i64::MIN;
+
+/// How far ahead of the database's time (as estimated here) a cached completion's expiry must
+/// be for the cache to replay it. The estimate trails the database's clock by up to a round
+/// trip and drifts with this machine's clock rate between statements; a second covers both
+/// with room to spare, and a replay that is not served from the cache is read from the
+/// database, which decides exactly.
+const CACHE_MARGIN_MS: i64 = 1000;
 
 impl Drop for Shared {
     fn drop(&mut self) {
@@ -139,6 +157,28 @@ impl Shared {
 
     fn adjust(&self) -> Option<i64> {
         (self.context.adjust)()
+    }
+
+    fn elapsed_ms(&self) -> i64 {
+        i64::try_from(self.started.elapsed().as_millis()).unwrap_or(i64::MAX)
+    }
+
+    /// Notes the database's time `now`, as a statement just answered it.
+    fn saw_database_time(&self, now: i64) {
+        self.db_offset
+            .store(now.saturating_sub(self.elapsed_ms()), Ordering::Relaxed);
+    }
+
+    /// The database's time now, as this store estimates it (an injected test clock's time,
+    /// exactly); `None` before any statement answered.
+    fn database_time(&self) -> Option<i64> {
+        if let Some(test_clock) = self.adjust() {
+            return Some(test_clock);
+        }
+        match self.db_offset.load(Ordering::Relaxed) {
+            UNSEEN => None,
+            offset => Some(offset.saturating_add(self.elapsed_ms())),
+        }
     }
 }
 
@@ -279,9 +319,12 @@ pub(crate) fn connect(mut config: Config, url: &str) -> Result<PgStore> {
         shared: Arc::new(Shared {
             jobs,
             context,
+            replays: ReplayCache::new(config.replay_cache_bytes),
             config,
             schema,
             counters: Counters::default(),
+            db_offset: AtomicI64::new(UNSEEN),
+            started: Instant::now(),
             thread: parking_lot::Mutex::new(Some(thread)),
         }),
     })
@@ -412,6 +455,26 @@ impl PgStore {
         Ok(rx)
     }
 
+    /// A claim answered from the cache of completed responses: a completion is final until
+    /// it expires, so while its expiry is well ahead of the database's time its replay (or,
+    /// for another fingerprint, its mismatch) needs no statement.
+    fn cached(&self, scoped: &[u8], fingerprint: Fingerprint) -> Option<Claim> {
+        let hit = self.shared.replays.get(&Box::from(scoped))?;
+        let now = self.shared.database_time()?;
+        let expires_at = i64::try_from(hit.expires_at).unwrap_or(i64::MAX);
+        if expires_at.saturating_sub(now) <= CACHE_MARGIN_MS {
+            return None;
+        }
+        let c = &self.shared.counters;
+        Some(if hit.fingerprint == fingerprint {
+            Counters::bump(&c.replays, 1);
+            Claim::Replay(hit.response.clone())
+        } else {
+            Counters::bump(&c.mismatches, 1);
+            Claim::Mismatch { completed: true }
+        })
+    }
+
     pub(crate) fn claim(
         &self,
         scope: &Scope,
@@ -419,6 +482,9 @@ impl PgStore {
         fingerprint: Fingerprint,
     ) -> Result<Claim> {
         let scoped = scoped_key(scope, key)?;
+        if let Some(answer) = self.cached(&scoped, fingerprint) {
+            return Ok(answer);
+        }
         let row = block(self.claim_job(&scoped, fingerprint)?)?;
         self.decide(scoped, fingerprint, row)
     }
@@ -430,6 +496,9 @@ impl PgStore {
         fingerprint: Fingerprint,
     ) -> Result<Claim> {
         let scoped = scoped_key(scope, key)?;
+        if let Some(answer) = self.cached(&scoped, fingerprint) {
+            return Ok(answer);
+        }
         let mut unreceived = Unreceived {
             store: self,
             scoped: &scoped,
@@ -494,6 +563,7 @@ impl PgStore {
                 }))
             }
             ClaimRow::Held { now, record } => {
+                self.shared.saw_database_time(now);
                 if record.fingerprint.as_slice() != fingerprint.as_bytes().as_slice() {
                     Counters::bump(&c.mismatches, 1);
                     return Ok(Claim::Mismatch {
@@ -502,7 +572,19 @@ impl PgStore {
                 }
                 if record.completed {
                     Counters::bump(&c.replays, 1);
-                    return Ok(Claim::Replay(response_of(&scoped, &record)?));
+                    let response = response_of(&scoped, &record)?;
+                    if let Some(expires_at) = record.expires_at {
+                        self.shared.replays.insert(
+                            scoped.clone(),
+                            Cached {
+                                key: scoped,
+                                fingerprint,
+                                response: response.clone(),
+                                expires_at: u64::try_from(expires_at).unwrap_or_default(),
+                            },
+                        );
+                    }
+                    return Ok(Claim::Replay(response));
                 }
                 Counters::bump(&c.in_progress, 1);
                 let left = record.lease_until.unwrap_or(now).saturating_sub(now);
