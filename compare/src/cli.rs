@@ -21,7 +21,7 @@ pub struct Args {
     #[arg(
         long,
         value_name = "LIST",
-        default_value = "idemdb,naive-redb,sqlite,postgres,redis,fsync-floor",
+        default_value = "idemdb,naive-redb,sqlite,postgres,idemdb-postgres,redis,fsync-floor",
         value_parser = systems
     )]
     pub systems: std::vec::Vec<Kind>,
@@ -249,7 +249,7 @@ mod tests {
 
     #[test]
     fn systems_list() {
-        let all = "idemdb,naive-redb,sqlite,postgres,redis,fsync-floor";
+        let all = "idemdb,naive-redb,sqlite,postgres,idemdb-postgres,redis,fsync-floor";
         assert_eq!(parse(&["--systems", all]).unwrap().systems, Kind::ALL);
         assert_eq!(
             parse(&["--systems=fsync-floor, redis,,"]).unwrap().systems,
@@ -378,7 +378,7 @@ mod tests {
             for (option, default) in [
                 (
                     "--systems <LIST>",
-                    "[default: idemdb,naive-redb,sqlite,postgres,redis,fsync-floor]",
+                    "[default: idemdb,naive-redb,sqlite,postgres,idemdb-postgres,redis,fsync-floor]",
                 ),
                 ("--workloads <LIST>", "[default: claim,cycle]"),
                 ("--callers <LIST>", "[default: 1,4,16,64,256]"),

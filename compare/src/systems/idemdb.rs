@@ -1,5 +1,7 @@
-//! idemdb: `Store::open` with the default builder. A claim returns once its record is fsynced;
-//! concurrent callers share one commit (group commit).
+//! idemdb: `Store::open` with the default builder (a claim returns once its record is fsynced;
+//! concurrent callers share one commit), or `Store::connect` to the comparison's PostgreSQL
+//! server with the default builder (a claim returns once PostgreSQL committed it; claims that
+//! queue up share one statement and one commit).
 
 use super::{fail, Client, Result, Setup, System};
 use crate::executor;
@@ -14,15 +16,37 @@ pub struct IdemdbSystem {
     store: Store,
     scopes: Vec<Scope>,
     payload: Payload,
-    dir: PathBuf,
+    place: Place,
+}
+
+/// Where the store lives, to be removed by `destroy`.
+enum Place {
+    Dir(PathBuf),
+    Schema { url: String, schema: String },
 }
 
 impl IdemdbSystem {
-    /// Opens a new store and preloads `keys` completed records through the async API, with
-    /// thousands of claims and completions in flight so that they commit in large batches.
+    /// Opens a new store file and preloads it (see [`IdemdbSystem::preload`]).
     pub fn open(setup: &Setup, keys: u64) -> Result<IdemdbSystem> {
         std::fs::create_dir_all(&setup.dir)?;
         let store = Store::open(setup.dir.join("store.idem"))?;
+        IdemdbSystem::preload(store, setup, keys, Place::Dir(setup.dir.clone()))
+    }
+
+    /// Connects a new store to the PostgreSQL server, in a fresh schema, and preloads it.
+    pub fn connect(setup: &Setup, keys: u64) -> Result<IdemdbSystem> {
+        let Some(url) = setup.postgres.clone() else {
+            return fail("idemdb-postgres: no --postgres given");
+        };
+        let schema = format!("compare_{}", std::process::id());
+        drop_schema(&url, &schema)?;
+        let store = Store::builder().schema(schema.clone()).connect(&url)?;
+        IdemdbSystem::preload(store, setup, keys, Place::Schema { url, schema })
+    }
+
+    /// Preloads `keys` completed records through the async API, with thousands of claims and
+    /// completions in flight so that they commit in large batches.
+    fn preload(store: Store, setup: &Setup, keys: u64, place: Place) -> Result<IdemdbSystem> {
         let scopes: Vec<Scope> = (0..TENANTS)
             .map(|t| Scope::new(format!("tenant_{t}"), ENDPOINT))
             .collect();
@@ -49,9 +73,19 @@ impl IdemdbSystem {
             store,
             scopes,
             payload,
-            dir: setup.dir.clone(),
+            place,
         })
     }
+
+    fn on_postgres(&self) -> bool {
+        matches!(self.place, Place::Schema { .. })
+    }
+}
+
+fn drop_schema(url: &str, schema: &str) -> Result<()> {
+    let mut client = postgres::Client::connect(url, postgres::NoTls)?;
+    client.batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))?;
+    Ok(())
 }
 
 fn response(payload: &Payload) -> Response {
@@ -71,9 +105,12 @@ impl System for IdemdbSystem {
     }
 
     fn destroy(self: Box<Self>) -> Result<()> {
-        let dir = self.dir.clone();
-        drop(self);
-        std::fs::remove_dir_all(dir)?;
+        let IdemdbSystem { store, place, .. } = *self;
+        drop(store);
+        match place {
+            Place::Dir(dir) => std::fs::remove_dir_all(dir)?,
+            Place::Schema { url, schema } => drop_schema(&url, &schema)?,
+        }
         Ok(())
     }
 }
@@ -91,7 +128,13 @@ impl Client for IdemdbClient<'_> {
         let fp = Fingerprint::of(&req.body);
         match s.store.claim(&s.scopes[req.tenant], &req.key, fp)? {
             Claim::Acquired(ticket) => {
-                self.ticket = Some(ticket);
+                if let Some(unspent) = self.ticket.replace(ticket) {
+                    if s.on_postgres() {
+                        // On PostgreSQL a ticket dropped unspent marks its claim an orphan
+                        // with a statement of its own; the claim workload measures claims.
+                        std::mem::forget(unspent);
+                    }
+                }
                 Ok(())
             }
             other => fail(format!("idemdb: new key not acquired: {other:?}")),

@@ -52,6 +52,8 @@ pub enum Kind {
     Sqlite,
     /// PostgreSQL with `synchronous_commit=on`.
     Postgres,
+    /// idemdb's `Store` on that same PostgreSQL server (`Store::connect`, default builder).
+    IdemdbPostgres,
     /// Redis with `appendfsync always`.
     Redis,
     /// One 4 KiB `pwrite` and `fdatasync` per write: the disk's floor.
@@ -60,11 +62,12 @@ pub enum Kind {
 
 impl Kind {
     /// Every system, in the order the table lists them.
-    pub const ALL: [Kind; 6] = [
+    pub const ALL: [Kind; 7] = [
         Kind::Idemdb,
         Kind::NaiveRedb,
         Kind::Sqlite,
         Kind::Postgres,
+        Kind::IdemdbPostgres,
         Kind::Redis,
         Kind::FsyncFloor,
     ];
@@ -76,6 +79,7 @@ impl Kind {
             Kind::NaiveRedb => "naive-redb",
             Kind::Sqlite => "sqlite",
             Kind::Postgres => "postgres",
+            Kind::IdemdbPostgres => "idemdb-postgres",
             Kind::Redis => "redis",
             Kind::FsyncFloor => "fsync-floor",
         }
@@ -140,6 +144,7 @@ pub fn open(kind: Kind, setup: &Setup, keys: u64) -> Result<Box<dyn System>> {
         Kind::NaiveRedb => Box::new(redb::RedbSystem::open(setup, keys)?),
         Kind::Sqlite => Box::new(sqlite::SqliteSystem::open(setup, keys)?),
         Kind::Postgres => Box::new(postgres::PostgresSystem::open(setup, keys)?),
+        Kind::IdemdbPostgres => Box::new(idemdb::IdemdbSystem::connect(setup, keys)?),
         Kind::Redis => Box::new(redis::RedisSystem::open(setup, keys)?),
         Kind::FsyncFloor => Box::new(floor::FloorSystem::open(setup)?),
     })
@@ -149,7 +154,7 @@ pub fn open(kind: Kind, setup: &Setup, keys: u64) -> Result<Box<dyn System>> {
 /// returns the server's version where there is a server.
 pub fn probe(kind: Kind, setup: &Setup) -> std::result::Result<Option<String>, String> {
     match kind {
-        Kind::Postgres => match &setup.postgres {
+        Kind::Postgres | Kind::IdemdbPostgres => match &setup.postgres {
             None => Err("no --postgres given".into()),
             Some(url) => postgres::probe(url)
                 .map(Some)
