@@ -28,6 +28,7 @@ pub(crate) struct Cached {
     pub(crate) response: Response,
     /// When the record expires (milliseconds since the epoch): `u64::MAX` on the file, whose
     /// index decides expiry before the cache is asked.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) expires_at: u64,
 }
 
