@@ -100,6 +100,15 @@ pub enum Error {
         /// What went wrong.
         reason: String,
     },
+    /// An import ([`crate::Store::import`]) was refused, and nothing was imported: a line of
+    /// its input is not an exported record (`line` counts from 1), or the store to import into
+    /// cannot take it (`line` 0: it is not empty, or it is a file store).
+    InvalidImport {
+        /// The input line at fault, or 0 for the store itself.
+        line: u64,
+        /// What was wrong.
+        reason: String,
+    },
 }
 
 /// The part of a store that [`Error::Corrupted`] found damaged.
@@ -295,6 +304,15 @@ impl fmt::Display for Error {
                 f,
                 "database error: {reason}; retry when the database is reachable"
             ),
+            Error::InvalidImport { line: 0, reason } => {
+                write!(f, "import refused, nothing imported: {reason}")
+            }
+            Error::InvalidImport { line, reason } => {
+                write!(
+                    f,
+                    "import refused at line {line}, nothing imported: {reason}"
+                )
+            }
         }
     }
 }

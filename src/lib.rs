@@ -64,6 +64,8 @@ mod sync;
 #[cfg(test)]
 mod tests;
 mod timer;
+#[cfg(feature = "postgres")]
+mod transfer;
 
 pub use builder::StoreBuilder;
 pub use claim::{Claim, Entry, EntryState, Resolution, StaleClaim, Takeover, Ticket};

@@ -354,4 +354,61 @@ impl Store {
             dispatch!(self, e => Box::pin(e.wait_async(scope, key, timeout)));
         waiting
     }
+
+    /// Writes every live record (claims in progress, completions not yet expired) to `out`,
+    /// one JSON line each, with its fence, fingerprint, times and whole response, so that
+    /// [`Store::import`] into another store (a PostgreSQL one, when a service outgrows one
+    /// process) answers every claim as this one did. Returns how many records it wrote. The
+    /// line format is in `docs/postgres.md`.
+    ///
+    /// # Concurrency
+    /// Records are read a page at a time, each page in one snapshot, while the store keeps
+    /// serving: for an exact move, stop the writers first (a claim made during the export may
+    /// be missing from it).
+    ///
+    /// # Errors
+    /// [`crate::Error::Io`] if `out` fails; the store's read errors
+    /// ([`crate::Error::Corrupted`], [`crate::Error::Halted`], [`crate::Error::Database`]).
+    #[cfg(feature = "postgres")]
+    pub fn export(&self, mut out: impl std::io::Write) -> Result<u64> {
+        let mut write =
+            |m: crate::transfer::Moved| writeln!(out, "{}", m.to_line()).map_err(crate::Error::Io);
+        let n = dispatch!(self, e => e.export_each(&mut write))?;
+        out.flush().map_err(crate::Error::Io)?;
+        Ok(n)
+    }
+
+    /// Reads the records [`Store::export`] wrote into this store, which must hold no record:
+    /// all of them in one transaction, or none. Fences are kept, and the store's next fences
+    /// are larger than every imported one; claims in progress arrive as orphans (their holders
+    /// were another store's), which [`Store::reap`] offers at once. Returns how many records
+    /// it imported. Only a PostgreSQL store imports, for now.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let file = idemdb::Store::open("payments.idem")?;
+    /// let mut lines = Vec::new();
+    /// file.export(&mut lines)?;
+    /// let shared = idemdb::Store::connect("host=db1 user=idem dbname=payments")?;
+    /// shared.import(lines.as_slice())?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Concurrency
+    /// Run it before the service uses the new store.
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidImport`] for a line that is not an exported record (naming the
+    /// line), a key twice, a store that is not empty or is a file store; nothing is imported
+    /// then. [`crate::Error::Io`] if `input` fails; [`crate::Error::Database`].
+    #[cfg(feature = "postgres")]
+    pub fn import(&self, input: impl std::io::BufRead) -> Result<u64> {
+        match &self.engine {
+            Engine::File(_) => Err(crate::Error::InvalidImport {
+                line: 0,
+                reason: "a file store does not import (yet): import into a PostgreSQL store".into(),
+            }),
+            Engine::Postgres(pg) => pg.import_all(crate::transfer::read_lines(input)?),
+        }
+    }
 }

@@ -754,3 +754,170 @@ fn replays_come_from_the_local_cache_of_completed_responses() {
     proxy.restore();
     assert_eq!(store.stats().commit_batches, statements);
 }
+
+/// A service that started on a file moves to PostgreSQL: every live record (completed, in
+/// progress, left by a dropped ticket) is exported as JSON lines and imported into an empty
+/// schema, and every claim afterwards answers exactly as the file store answered it (the same
+/// claims in the same order, on the same clock), reaps offer the same orphans, and new fences
+/// start above every moved one.
+#[test]
+fn a_file_store_moves_to_postgresql_and_every_claim_answers_as_before() {
+    use idemdb::{ManualClock, StaleClaim};
+    let clock = ManualClock::new();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("moving.idem");
+    let builder = || {
+        Store::builder()
+            .lease(Duration::from_secs(60))
+            .ttl(Duration::from_secs(3600))
+            .clock(clock.clone())
+    };
+    let fp = Fingerprint::of(b"request");
+    let rich = Response::new(201, vec![0u8, 255, b'"', b'\n'])
+        .with_header("content-type", "application/json")
+        .with_header("set-cookie", "a=1")
+        .with_header("x-raw", vec![0x80u8, 0]);
+    let acquire = |store: &Store, key: &str| match store.claim(&scope(), key, fp).unwrap() {
+        Claim::Acquired(t) => t,
+        other => panic!("{key}: {other:?}"),
+    };
+    {
+        let file = builder().open(&path).unwrap();
+        let t = acquire(&file, "expired");
+        file.complete(t, Response::new(200, "old")).unwrap();
+        clock.advance(Duration::from_secs(3590));
+        let t = acquire(&file, "done");
+        file.complete(t, rich.clone()).unwrap();
+        let t = acquire(&file, "released");
+        file.release(t).unwrap();
+        drop(acquire(&file, "dropped"));
+        let held = acquire(&file, "held");
+        clock.advance(Duration::from_secs(20));
+        std::mem::forget(held); // the process stops with the claim in progress
+    }
+    // The old service is stopped; its file is reopened only to be exported.
+    let file = builder().open(&path).unwrap();
+    let mut lines = Vec::new();
+    assert_eq!(file.export(&mut lines).unwrap(), 3, "done, held, dropped");
+    let highest = String::from_utf8(lines.clone())
+        .unwrap()
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["fence"]
+                .as_u64()
+                .unwrap()
+        })
+        .max()
+        .unwrap();
+
+    let shared = builder().schema(schema("moved")).connect(&url()).unwrap();
+    assert_eq!(shared.import(lines.as_slice()).unwrap(), 3);
+    // Importing again (or into any store that holds records) is refused, and changes nothing.
+    assert!(matches!(
+        shared.import(lines.as_slice()),
+        Err(Error::InvalidImport { line: 0, .. })
+    ));
+
+    let orphans = |store: &Store| {
+        let mut seen: Vec<StaleClaim> = Vec::new();
+        store
+            .reap(|s| {
+                seen.push(s.clone());
+                idemdb::Resolution::Keep
+            })
+            .unwrap();
+        seen.sort_by(|a, b| a.key.cmp(&b.key));
+        seen
+    };
+    assert_eq!(orphans(&file), orphans(&shared));
+    assert_eq!(orphans(&shared).len(), 2, "held and dropped");
+
+    // The same claims, in the same order, on both: answers compared as users see them.
+    let answer =
+        |store: &Store, key: &str, fp: Fingerprint| match store.claim(&scope(), key, fp).unwrap() {
+            Claim::Acquired(t) => {
+                assert!(
+                    t.fence() > highest,
+                    "{key}: new fences start above every moved one"
+                );
+                format!(
+                    "acquired, takeover {:?}",
+                    t.takeover().map(|t| (t.previous_fence, t.orphan))
+                )
+            }
+            Claim::Replay(r) => format!("replay {r:?}"),
+            Claim::InProgress {
+                retry_after,
+                lease_remaining,
+            } => format!("in progress {retry_after:?} {lease_remaining:?}"),
+            Claim::Mismatch { completed } => format!("mismatch, completed {completed}"),
+        };
+    let other = Fingerprint::of(b"another request");
+    let script = [
+        ("done", fp),
+        ("done", other),
+        ("held", fp),
+        ("held", other),
+        ("dropped", fp),
+        ("released", fp),
+        ("released", other),
+        ("expired", other),
+        ("never", fp),
+    ];
+    for (key, fp) in script {
+        assert_eq!(
+            answer(&shared, key, fp),
+            answer(&file, key, fp),
+            "{key}: answers differ after the move"
+        );
+    }
+    let Claim::Replay(r) = shared.claim(&scope(), "done", fp).unwrap() else {
+        panic!()
+    };
+    assert_eq!(r, rich, "the response moved byte for byte");
+    clock.advance(Duration::from_secs(41));
+    for key in ["held", "dropped"] {
+        assert_eq!(
+            answer(&shared, key, fp),
+            answer(&file, key, fp),
+            "{key} after its lease"
+        );
+    }
+}
+
+/// An import refuses bad input whole, naming the line, and imports nothing; a file store
+/// does not import.
+#[test]
+fn a_bad_import_names_its_line_and_imports_nothing() {
+    let shared = Store::builder()
+        .schema(schema("badimport"))
+        .connect(&url())
+        .unwrap();
+    let file_dir = tempfile::tempdir().unwrap();
+    let file = Store::open(file_dir.path().join("s.idem")).unwrap();
+    let Claim::Acquired(t) = file.claim(&scope(), "k", Fingerprint::of(b"x")).unwrap() else {
+        panic!()
+    };
+    file.complete(t, Response::new(201, "ok")).unwrap();
+    let mut lines = Vec::new();
+    file.export(&mut lines).unwrap();
+    let good = String::from_utf8(lines).unwrap();
+    let input = format!("{good}{{\"v\":1,\"tenant\":\"t\"}}\n");
+    match shared.import(input.as_bytes()) {
+        Err(Error::InvalidImport { line: 2, reason }) => {
+            assert!(reason.contains("endpoint"), "{reason}")
+        }
+        other => panic!("{other:?}"),
+    }
+    let twice = format!("{good}{good}");
+    assert!(matches!(
+        shared.import(twice.as_bytes()),
+        Err(Error::InvalidImport { line: 0, .. })
+    ));
+    assert_eq!(shared.stats().live_records, 0, "nothing imported");
+    assert!(matches!(
+        file.import(good.as_bytes()),
+        Err(Error::InvalidImport { line: 0, .. })
+    ));
+    assert_eq!(shared.import(good.as_bytes()).unwrap(), 1);
+}

@@ -6,6 +6,8 @@
 pub(crate) mod asynchronous;
 pub(crate) mod commit;
 pub(crate) mod disk;
+#[cfg(feature = "postgres")]
+pub(crate) mod export;
 pub(crate) mod index;
 pub(crate) mod journal;
 pub(crate) mod maintenance;

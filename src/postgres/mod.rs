@@ -7,6 +7,7 @@
 
 mod schema;
 mod sql;
+mod transfer;
 mod worker;
 
 use crate::claim::{Claim, Entry, EntryState, Holder, Resolution, StaleClaim, Takeover, Ticket};

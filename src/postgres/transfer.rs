@@ -1,0 +1,260 @@
+//! Exporting and importing the PostgreSQL engine's live records (see `crate::transfer`).
+
+use super::worker::Held;
+use super::{block, db_error, encode_headers, fence_column, response_of, schema, PgStore, Target};
+use crate::error::{Error, Result};
+use crate::fingerprint::Fingerprint;
+use crate::scope::scoped_key;
+use crate::transfer::{Moved, MovedState};
+
+/// Rows read per statement on export, and written per statement on import.
+const PAGE: i64 = 1000;
+
+/// The live records after the key `$2..$4` (all from the start when `$5`), in key order (the
+/// primary key's), at most `$6`. `$1` test clock.
+const EXPORT: &str = r#"
+WITH t AS (SELECT coalesce($1::bigint, (extract(epoch FROM statement_timestamp()) * 1000)::bigint) AS now)
+SELECT r.tenant, r.endpoint, r.key, r.fence, r.fingerprint, r.claimed_at, r.completed,
+    r.lease_until, r.completed_at, r.expires_at, r.status, r.headers, r.body
+FROM {s}.records r, t
+WHERE ($5::boolean OR (r.tenant, r.endpoint, r.key) > ($2::bytea, $3::bytea, $4::text))
+  AND (NOT r.completed OR r.expires_at > t.now)
+ORDER BY r.tenant, r.endpoint, r.key
+LIMIT $6"#;
+
+/// One page of imported records. In-progress claims arrive without a holder (their tickets
+/// were another store's): orphans, as after a restart.
+const IMPORT: &str = r#"
+INSERT INTO {s}.records (tenant, endpoint, key, fence, fingerprint, claimed_at, completed,
+    lease_until, orphan, completed_at, expires_at, status, headers, body)
+SELECT tenant, endpoint, key, fence, fingerprint, claimed_at, completed, lease_until,
+    NOT completed, completed_at, expires_at, status, headers, body
+FROM unnest($1::bytea[], $2::bytea[], $3::text[], $4::bigint[], $5::bytea[], $6::bigint[],
+    $7::boolean[], $8::bigint[], $9::bigint[], $10::bigint[], $11::int[], $12::bytea[],
+    $13::bytea[])
+    AS u(tenant, endpoint, key, fence, fingerprint, claimed_at, completed, lease_until,
+        completed_at, expires_at, status, headers, body)"#;
+
+fn column(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+fn value(v: i64) -> u64 {
+    u64::try_from(v).unwrap_or_default()
+}
+
+impl PgStore {
+    /// Hands every live record to `each`, a page (one statement, one snapshot) at a time.
+    pub(crate) fn export_each(&self, mut each: impl FnMut(Moved) -> Result<()>) -> Result<u64> {
+        let text = schema::qualify(EXPORT, &self.shared.schema);
+        let mut after: Option<Target> = None;
+        let mut exported = 0;
+        loop {
+            let adjust = self.shared.adjust();
+            let (text, from) = (text.clone(), after.clone());
+            let rows = block(self.shared.task(move |conn| async move {
+                let from = from.unwrap_or(Target {
+                    tenant: Vec::new(),
+                    endpoint: Vec::new(),
+                    key: String::new(),
+                });
+                let start = from.key.is_empty();
+                let rows = conn
+                    .client
+                    .query(
+                        &text,
+                        &[
+                            &adjust,
+                            &from.tenant,
+                            &from.endpoint,
+                            &from.key,
+                            &start,
+                            &PAGE,
+                        ],
+                    )
+                    .await
+                    .map_err(db_error)?;
+                rows.iter()
+                    .map(|r| {
+                        let target = Target {
+                            tenant: r.try_get(0).map_err(db_error)?,
+                            endpoint: r.try_get(1).map_err(db_error)?,
+                            key: r.try_get(2).map_err(db_error)?,
+                        };
+                        let held = Held {
+                            fence: r.try_get(3).map_err(db_error)?,
+                            fingerprint: r.try_get(4).map_err(db_error)?,
+                            claimed_at: r.try_get(5).map_err(db_error)?,
+                            completed: r.try_get(6).map_err(db_error)?,
+                            lease_until: r.try_get(7).map_err(db_error)?,
+                            expires_at: r.try_get(9).map_err(db_error)?,
+                            orphan: false,
+                            status: r.try_get(10).map_err(db_error)?,
+                            headers: r.try_get(11).map_err(db_error)?,
+                            body: r.try_get(12).map_err(db_error)?,
+                        };
+                        let completed_at: Option<i64> = r.try_get(8).map_err(db_error)?;
+                        Ok((target, held, completed_at))
+                    })
+                    .collect::<Result<Vec<_>>>()
+            }))?;
+            let full = i64::try_from(rows.len()).unwrap_or(i64::MAX) >= PAGE;
+            for (target, held, completed_at) in rows {
+                let scope = target.scope();
+                let scoped = scoped_key(&scope, &target.key)?;
+                let state = if held.completed {
+                    MovedState::Completed {
+                        completed_at: value(completed_at.unwrap_or_default()),
+                        expires_at: value(held.expires_at.unwrap_or_default()),
+                        response: response_of(&scoped, &held)?,
+                    }
+                } else {
+                    MovedState::InProgress {
+                        lease_until: value(held.lease_until.unwrap_or_default()),
+                    }
+                };
+                let fingerprint = <[u8; 32]>::try_from(held.fingerprint.as_slice())
+                    .map(Fingerprint::from_bytes)
+                    .map_err(|_| Error::Corrupted {
+                        damaged: crate::error::Damaged::Record {
+                            fence: Some(value(held.fence)),
+                            key: Some(target.key.clone()),
+                        },
+                        reason: "its fingerprint is not 32 bytes".into(),
+                    })?;
+                each(Moved {
+                    key: target.key.clone(),
+                    scope,
+                    fence: value(held.fence),
+                    fingerprint,
+                    claimed_at: value(held.claimed_at),
+                    state,
+                })?;
+                exported += 1;
+                after = Some(target);
+            }
+            if !full {
+                return Ok(exported);
+            }
+        }
+    }
+
+    /// Writes `records` into this store, which must hold no record, in one transaction: all
+    /// of them or none. The fence sequence then continues above the largest imported fence.
+    pub(crate) fn import_all(&self, records: Vec<Moved>) -> Result<u64> {
+        let schema_name = self.shared.schema.clone();
+        let count = u64::try_from(records.len()).unwrap_or(u64::MAX);
+        block(self.shared.task(move |conn| async move {
+            let q = |text: &str| schema::qualify(text, &schema_name);
+            conn.client
+                .batch_execute("BEGIN")
+                .await
+                .map_err(db_error)?;
+            let result = async {
+                let occupied = conn
+                    .client
+                    .query_opt(&q("SELECT 1 FROM {s}.records LIMIT 1"), &[])
+                    .await
+                    .map_err(db_error)?;
+                if occupied.is_some() {
+                    return Err(Error::InvalidImport {
+                        line: 0,
+                        reason: "the store to import into already holds records".into(),
+                    });
+                }
+                let insert = q(IMPORT);
+                for page in records.chunks(usize::try_from(PAGE).unwrap_or(1000)) {
+                    let mut c = Columns::default();
+                    for m in page {
+                        c.push(m);
+                    }
+                    conn.client
+                        .execute(
+                            &insert,
+                            &[
+                                &c.tenant, &c.endpoint, &c.key, &c.fence, &c.fingerprint,
+                                &c.claimed_at, &c.completed, &c.lease_until, &c.completed_at,
+                                &c.expires_at, &c.status, &c.headers, &c.body,
+                            ],
+                        )
+                        .await
+                        .map_err(|e| match e.code() {
+                            Some(code) if *code == tokio_postgres::error::SqlState::UNIQUE_VIOLATION => {
+                                Error::InvalidImport {
+                                    line: 0,
+                                    reason: "the input holds one key twice".into(),
+                                }
+                            }
+                            _ => db_error(e),
+                        })?;
+                }
+                let highest = records.iter().map(|m| fence_column(m.fence)).max().unwrap_or(0);
+                conn.client
+                    .query_one(
+                        &q("SELECT setval('{s}.fences', greatest($1::bigint, (SELECT last_value FROM {s}.fences)))"),
+                        &[&highest],
+                    )
+                    .await
+                    .map_err(db_error)?;
+                Ok(())
+            }
+            .await;
+            let end = if result.is_ok() { "COMMIT" } else { "ROLLBACK" };
+            conn.client.batch_execute(end).await.map_err(db_error)?;
+            result.map(|()| count)
+        }))
+    }
+}
+
+/// A page of records as the import statement's arrays.
+#[derive(Default)]
+struct Columns {
+    tenant: Vec<Vec<u8>>,
+    endpoint: Vec<Vec<u8>>,
+    key: Vec<String>,
+    fence: Vec<i64>,
+    fingerprint: Vec<Vec<u8>>,
+    claimed_at: Vec<i64>,
+    completed: Vec<bool>,
+    lease_until: Vec<Option<i64>>,
+    completed_at: Vec<Option<i64>>,
+    expires_at: Vec<Option<i64>>,
+    status: Vec<Option<i32>>,
+    headers: Vec<Option<Vec<u8>>>,
+    body: Vec<Option<Vec<u8>>>,
+}
+
+impl Columns {
+    fn push(&mut self, m: &Moved) {
+        self.tenant.push(m.scope.tenant().as_bytes().to_vec());
+        self.endpoint.push(m.scope.endpoint().as_bytes().to_vec());
+        self.key.push(m.key.clone());
+        self.fence.push(fence_column(m.fence));
+        self.fingerprint.push(m.fingerprint.as_bytes().to_vec());
+        self.claimed_at.push(column(m.claimed_at));
+        match &m.state {
+            MovedState::InProgress { lease_until } => {
+                self.completed.push(false);
+                self.lease_until.push(Some(column(*lease_until)));
+                self.completed_at.push(None);
+                self.expires_at.push(None);
+                self.status.push(None);
+                self.headers.push(None);
+                self.body.push(None);
+            }
+            MovedState::Completed {
+                completed_at,
+                expires_at,
+                response,
+            } => {
+                self.completed.push(true);
+                self.lease_until.push(None);
+                self.completed_at.push(Some(column(*completed_at)));
+                self.expires_at.push(Some(column(*expires_at)));
+                self.status.push(Some(i32::from(response.status)));
+                self.headers.push(Some(encode_headers(&response.headers)));
+                self.body.push(Some(response.body.clone()));
+            }
+        }
+    }
+}
