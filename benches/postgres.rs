@@ -126,6 +126,59 @@ fn percentile(sorted: &[Duration], per_mille: usize) -> Duration {
     sorted[(sorted.len() - 1) * per_mille / 1000]
 }
 
+/// One caller: the first request of a key (claim + complete, two commits) against a replay of
+/// it served from the store's cache of completed responses (after one replay read it).
+fn replays(url: &str, schema: &str) {
+    let store = Store::builder()
+        .schema(schema)
+        .connect(url)
+        .expect("connect");
+    let scope = Scope::new("bench", "POST /v1/payments");
+    let fp = Fingerprint::of(br#"{"amount":5000}"#);
+    let response =
+        Response::new(201, vec![b'x'; 200]).with_header("content-type", "application/json");
+    let (mut first, mut cached) = (Vec::new(), Vec::new());
+    for i in 0..500 {
+        let key = format!("replay-{i}");
+        let began = Instant::now();
+        let Claim::Acquired(ticket) = store.claim(&scope, &key, fp).expect("claim") else {
+            panic!("a new key is acquired")
+        };
+        store.complete(ticket, response.clone()).expect("complete");
+        first.push(began.elapsed());
+        let Claim::Replay(_) = store.claim(&scope, &key, fp).expect("replay") else {
+            panic!("a completed key replays")
+        };
+        for _ in 0..10 {
+            let began = Instant::now();
+            let Claim::Replay(_) = store.claim(&scope, &key, fp).expect("replay") else {
+                panic!("a completed key replays")
+            };
+            cached.push(began.elapsed());
+        }
+    }
+    first.sort_unstable();
+    cached.sort_unstable();
+    let (f, c) = (percentile(&first, 500), percentile(&cached, 500));
+    println!();
+    println!("| 1 caller | p50 | p99 |");
+    println!("|---|---:|---:|");
+    println!(
+        "| first request (claim + complete) | {:.1} µs | {:.1} µs |",
+        f.as_secs_f64() * 1e6,
+        percentile(&first, 990).as_secs_f64() * 1e6
+    );
+    println!(
+        "| replay from the cache | {:.2} µs | {:.2} µs |",
+        c.as_secs_f64() * 1e6,
+        percentile(&cached, 990).as_secs_f64() * 1e6
+    );
+    println!(
+        "first request / cached replay, p50: {:.0}x",
+        f.as_secs_f64() / c.as_secs_f64()
+    );
+}
+
 fn main() {
     // `cargo bench` passes `--bench`; a name filter is not supported.
     let Ok(url) = std::env::var("IDEMDB_PG_URL") else {
@@ -139,6 +192,8 @@ fn main() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(3.0);
     let time = Duration::from_secs_f64(seconds);
+    replays(&url, &format!("bench_{}_replay", std::process::id()));
+    println!();
     println!("| operation | callers | mode | requests/s | p50 | p99 | statements per request | vs grouped |");
     println!("|---|---:|---|---:|---:|---:|---:|---:|");
     let mut n = 0;
