@@ -84,14 +84,16 @@ INSERT INTO {s}.meta (schema_version) VALUES (1) ON CONFLICT DO NOTHING;
 ///
 /// Parameters: `$1` test clock, `$2..$5` tenants, endpoints, keys, fingerprints, `$6`
 /// lease in ms, `$7` take over stale claims, `$8` owner, `$9` incarnation.
-pub(crate) const CLAIM: &str = concat!(
-    "WITH t AS (SELECT ",
-    now_ms!(),
-    r#" AS now),
-input AS (
-    SELECT * FROM unnest($2::bytea[], $3::bytea[], $4::text[], $5::bytea[])
-        WITH ORDINALITY AS i(tenant, endpoint, key, fingerprint, ord)
-),
+/// The claim statement over the keys `$input` (a query with columns tenant, endpoint, key,
+/// fingerprint and ord) yields.
+macro_rules! claim_over {
+    ($input:expr) => {
+        concat!(
+            "WITH t AS (SELECT ",
+            now_ms!(),
+            " AS now),\ninput AS (",
+            $input,
+            r#"),
 won AS (
     INSERT INTO {s}.records AS r (tenant, endpoint, key, fence, fingerprint, claimed_at,
         completed, lease_until, owner, incarnation, orphan)
@@ -132,6 +134,21 @@ LEFT JOIN won w ON w.tenant = i.tenant AND w.endpoint = i.endpoint AND w.key = i
 LEFT JOIN {s}.records c ON w.fence IS NULL
     AND c.tenant = i.tenant AND c.endpoint = i.endpoint AND c.key = i.key
 ORDER BY i.ord"#
+        )
+    };
+}
+
+/// The claim of a batch of distinct keys, as arrays.
+pub(crate) const CLAIM: &str = claim_over!(
+    "SELECT * FROM unnest($2::bytea[], $3::bytea[], $4::text[], $5::bytea[])
+        WITH ORDINALITY AS i(tenant, endpoint, key, fingerprint, ord)"
+);
+
+/// [`CLAIM`] for one key, with scalar parameters: the same statement, planned for one row
+/// (a lone caller's claim is most of what a quiet store sends).
+pub(crate) const CLAIM_ONE: &str = claim_over!(
+    "SELECT $2::bytea AS tenant, $3::bytea AS endpoint, $4::text AS key,
+        $5::bytea AS fingerprint, 1::bigint AS ord"
 );
 
 /// Completes a batch of claims, each only if its fence still holds the key in progress.

@@ -120,6 +120,7 @@ pub(crate) struct ClaimParams {
 pub(crate) struct Conn {
     pub(crate) client: Client,
     pub(crate) claim: Statement,
+    pub(crate) claim_one: Statement,
     pub(crate) complete: Statement,
     pub(crate) release: Statement,
     pub(crate) extend: Statement,
@@ -140,8 +141,9 @@ impl Conn {
         // failover through a multi-host URL).
         super::schema::check_durability(&client).await?;
         super::schema::make_commits_durable(&client).await?;
-        let [claim, complete, release, extend, abandon, get] = [
+        let [claim, claim_one, complete, release, extend, abandon, get] = [
             sql::CLAIM,
+            sql::CLAIM_ONE,
             sql::COMPLETE,
             sql::RELEASE,
             sql::EXTEND,
@@ -149,8 +151,9 @@ impl Conn {
             sql::GET,
         ]
         .map(|text| super::schema::qualify(text, schema));
-        let (claim, complete, release, extend, abandon, get) = tokio::try_join!(
+        let (claim, claim_one, complete, release, extend, abandon, get) = tokio::try_join!(
             client.prepare(&claim),
+            client.prepare(&claim_one),
             client.prepare(&complete),
             client.prepare(&release),
             client.prepare(&extend),
@@ -161,6 +164,7 @@ impl Conn {
         Ok(Conn {
             client,
             claim,
+            claim_one,
             complete,
             release,
             extend,
@@ -422,22 +426,43 @@ async fn claims(
         pending = later;
         let (tenants, endpoints, keys) = columns(now_batch.iter().map(|c| &c.0));
         let fingerprints: Vec<&[u8]> = now_batch.iter().map(|c| c.1.as_slice()).collect();
-        let result = query(
-            &conn.client,
-            &conn.claim,
-            &[
-                &(context.adjust)(),
-                &tenants,
-                &endpoints,
-                &keys,
-                &fingerprints,
-                &p.lease_ms,
-                &p.take_over,
-                &p.owner,
-                &p.incarnation,
-            ],
-        )
-        .await;
+        let adjust = (context.adjust)();
+        let result = if let [one] = now_batch.as_slice() {
+            let (target, fingerprint) = (&one.0, one.1.as_slice());
+            query(
+                &conn.client,
+                &conn.claim_one,
+                &[
+                    &adjust,
+                    &target.tenant,
+                    &target.endpoint,
+                    &target.key,
+                    &fingerprint,
+                    &p.lease_ms,
+                    &p.take_over,
+                    &p.owner,
+                    &p.incarnation,
+                ],
+            )
+            .await
+        } else {
+            query(
+                &conn.client,
+                &conn.claim,
+                &[
+                    &adjust,
+                    &tenants,
+                    &endpoints,
+                    &keys,
+                    &fingerprints,
+                    &p.lease_ms,
+                    &p.take_over,
+                    &p.owner,
+                    &p.incarnation,
+                ],
+            )
+            .await
+        };
         let rows = match result {
             Ok(rows) if rows.len() == now_batch.len() => rows,
             Ok(rows) => {
