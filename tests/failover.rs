@@ -9,7 +9,7 @@
 //! printed.
 //!
 //! Needs both servers: `scripts/with-postgres --standby cargo test --release --features postgres
-//! --test failover -- --ignored`.
+//! --test failover -- --ignored a_failover`.
 
 #![cfg(feature = "postgres")]
 
