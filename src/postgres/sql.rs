@@ -61,9 +61,7 @@ CREATE TABLE IF NOT EXISTS {s}.records (
     CHECK (completed OR lease_until IS NOT NULL)
 );
 CREATE INDEX IF NOT EXISTS records_expiry ON {s}.records (expires_at) WHERE completed;
-CREATE INDEX IF NOT EXISTS records_lease ON {s}.records (lease_until) WHERE NOT completed;
-CREATE INDEX IF NOT EXISTS records_owner ON {s}.records (owner, incarnation) WHERE NOT completed;
-CREATE INDEX IF NOT EXISTS records_orphan ON {s}.records (fence) WHERE orphan AND NOT completed;
+CREATE INDEX IF NOT EXISTS records_in_progress ON {s}.records (fence) WHERE NOT completed;
 INSERT INTO {s}.meta (schema_version) VALUES (1) ON CONFLICT DO NOTHING;
 "#;
 
