@@ -55,6 +55,15 @@ impl Target {
         }
     }
 
+    /// The key in the first three columns of `row` (tenant, endpoint, key).
+    fn from_row(row: &tokio_postgres::Row) -> Result<Target> {
+        Ok(Target {
+            tenant: row.try_get(0).map_err(db_error)?,
+            endpoint: row.try_get(1).map_err(db_error)?,
+            key: row.try_get(2).map_err(db_error)?,
+        })
+    }
+
     fn scope(&self) -> Scope {
         Scope::new(
             String::from_utf8_lossy(&self.tenant),
@@ -910,11 +919,7 @@ impl PgStore {
                 .map_err(db_error)?;
             rows.iter()
                 .map(|r| {
-                    let target = Target {
-                        tenant: r.try_get(0).map_err(db_error)?,
-                        endpoint: r.try_get(1).map_err(db_error)?,
-                        key: r.try_get(2).map_err(db_error)?,
-                    };
+                    let target = Target::from_row(r)?;
                     let fingerprint: Vec<u8> = r.try_get(4).map_err(db_error)?;
                     let fingerprint = <[u8; 32]>::try_from(fingerprint.as_slice())
                         .map(Fingerprint::from_bytes)

@@ -76,11 +76,7 @@ impl PgStore {
                     .map_err(db_error)?;
                 rows.iter()
                     .map(|r| {
-                        let target = Target {
-                            tenant: r.try_get(0).map_err(db_error)?,
-                            endpoint: r.try_get(1).map_err(db_error)?,
-                            key: r.try_get(2).map_err(db_error)?,
-                        };
+                        let target = Target::from_row(r)?;
                         let held = Held {
                             fence: r.try_get(3).map_err(db_error)?,
                             fingerprint: r.try_get(4).map_err(db_error)?,
