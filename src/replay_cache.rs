@@ -14,7 +14,7 @@ use crate::response::Response;
 use crate::sync::{Arc, Mutex};
 use std::collections::hash_map::RandomState;
 use std::collections::{HashMap, VecDeque};
-use std::hash::{BuildHasher, Hash};
+use std::hash::Hash;
 
 const SHARDS: usize = 16;
 /// Bookkeeping per entry besides its bytes (map slot, queue slot, `Arc`, allocations).
@@ -44,10 +44,34 @@ impl CacheKey for u64 {
     }
 }
 
+#[cfg(feature = "postgres")]
 impl CacheKey for Box<[u8]> {
     fn shard(&self, state: &RandomState) -> usize {
-        // Keyed: clients choose keys, and must not be able to crowd one shard.
-        usize::try_from(state.hash_one(self) % SHARDS as u64).expect("below SHARDS")
+        bytes_shard(self, state)
+    }
+}
+
+#[cfg(feature = "postgres")]
+/// The shard of a scoped key, keyed: clients choose keys, and must not be able to crowd one
+/// shard. A `Box<[u8]>` hashes as its bytes, so a lookup by `&[u8]` finds the same shard.
+fn bytes_shard(bytes: &[u8], state: &RandomState) -> usize {
+    usize::try_from(std::hash::BuildHasher::hash_one(state, bytes) % SHARDS as u64)
+        .expect("below SHARDS")
+}
+
+#[cfg(feature = "postgres")]
+impl ReplayCache<Box<[u8]>> {
+    /// [`ReplayCache::get`] by the key's bytes, without allocating a key (a claim asks this
+    /// before anything else).
+    pub(crate) fn get_bytes(&self, key: &[u8]) -> Option<Arc<Cached>> {
+        if self.budget == 0 {
+            return None;
+        }
+        self.shards[bytes_shard(key, &self.state)]
+            .lock()
+            .map
+            .get(key)
+            .cloned()
     }
 }
 
@@ -161,6 +185,24 @@ mod tests {
         assert_eq!(shard.map.len(), shard.order.len());
         assert!(shard.map.contains_key(&(1 + 16 * 99)), "the newest stays");
         assert!(!shard.map.contains_key(&17), "the oldest went");
+    }
+
+    /// The PostgreSQL engine looks keys up by their bytes; a lookup that hashed the slice
+    /// differently from the stored `Box` would miss every time.
+    #[cfg(feature = "postgres")]
+    #[test]
+    fn a_scoped_key_cache_finds_by_bytes_what_was_stored_by_box() {
+        let cache = ReplayCache::<Box<[u8]>>::new(16 * 4096);
+        for i in 0..64u8 {
+            cache.insert(Box::from(&[i, 1, 2][..]), entry(10));
+        }
+        for i in 0..64u8 {
+            assert!(cache.get_bytes(&[i, 1, 2]).is_some(), "key {i}");
+        }
+        assert!(cache.get_bytes(b"absent").is_none());
+        assert!(ReplayCache::<Box<[u8]>>::new(0)
+            .get_bytes(&[0, 1, 2])
+            .is_none());
     }
 
     #[test]

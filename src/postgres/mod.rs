@@ -469,7 +469,7 @@ impl PgStore {
     /// it expires, so while its expiry is well ahead of the database's time its replay (or,
     /// for another fingerprint, its mismatch) needs no statement.
     fn cached(&self, scoped: &[u8], fingerprint: Fingerprint) -> Option<Claim> {
-        let hit = self.shared.replays.get(&Box::from(scoped))?;
+        let hit = self.shared.replays.get_bytes(scoped)?;
         let now = self.shared.database_time()?;
         let expires_at = i64::try_from(hit.expires_at).unwrap_or(i64::MAX);
         if expires_at.saturating_sub(now) <= CACHE_MARGIN_MS {

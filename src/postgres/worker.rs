@@ -15,7 +15,7 @@ use super::{again, db_error, Target};
 use crate::error::{Error, Result};
 use crate::sync::{AtomicU64, Ordering};
 use futures_channel::oneshot;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -377,20 +377,26 @@ fn fail_all(sorted: Sorted, e: &Error) {
     }
 }
 
-/// Splits `items` into the first of each key and the rest (deferred to a later statement: one
-/// statement may not change a row twice).
-fn first_of_each_key<T>(items: Vec<T>, target: impl Fn(&T) -> &Target) -> (Vec<T>, Vec<T>) {
-    let mut seen = HashSet::with_capacity(items.len());
-    let (mut first, mut later) = (Vec::with_capacity(items.len()), Vec::new());
-    for item in items {
-        let t = target(&item);
-        if seen.insert((t.tenant.clone(), t.endpoint.clone(), t.key.clone())) {
-            first.push(item);
-        } else {
+/// Takes from `pending` the jobs of the next statement: the first of each key, in key order;
+/// the rest stay for a later statement (one statement may not change a row twice). The sort
+/// is stable, so a key's jobs keep their queue order, and it puts duplicates side by side:
+/// no set of keys is built.
+fn next_round<T>(pending: &mut Vec<T>, target: impl Fn(&T) -> &Target) -> Vec<T> {
+    pending.sort_by(|a, b| by_key(target(a), target(b)));
+    let mut round: Vec<T> = Vec::with_capacity(pending.len());
+    let mut later = Vec::new();
+    for item in pending.drain(..) {
+        if round
+            .last()
+            .is_some_and(|first| by_key(target(first), target(&item)).is_eq())
+        {
             later.push(item);
+        } else {
+            round.push(item);
         }
     }
-    (first, later)
+    *pending = later;
+    round
 }
 
 /// One order for the keys of every batch: batches that lock rows in a common order deadlock
@@ -422,8 +428,7 @@ async fn claims(
         if pending.is_empty() {
             return;
         }
-        let (now_batch, later) = first_of_each_key(pending, |c| &c.0);
-        pending = later;
+        let now_batch = next_round(&mut pending, |c| &c.0);
         let (tenants, endpoints, keys) = columns(now_batch.iter().map(|c| &c.0));
         let fingerprints: Vec<&[u8]> = now_batch.iter().map(|c| c.1.as_slice()).collect();
         let adjust = (context.adjust)();
@@ -487,20 +492,26 @@ async fn claims(
                 return;
             }
         };
+        let answers: Vec<_> = rows.iter().map(claim_row).collect();
         // A statement whose every key was answered by its record wrote nothing.
-        let wrote = rows
+        let wrote = answers
             .iter()
-            .any(|row| !matches!(claim_row(row), Ok(Some(ClaimRow::Held { .. }))));
+            .any(|a| !matches!(a, Ok(Some(ClaimRow::Held { .. }))));
         if wrote {
             context.commits.fetch_add(1, Ordering::Relaxed);
         }
         // What each decided key now holds, for the claims of the same key this statement
-        // could not take (one statement changes a row once).
+        // could not take (one statement changes a row once); only kept when there are some.
+        let duplicates = !pending.is_empty();
         let mut decided: HashMap<KeyColumns, (i64, Held)> = HashMap::new();
-        for ((target, fingerprint, reply), row) in now_batch.into_iter().zip(rows) {
-            match claim_row(&row) {
+        for (((target, fingerprint, reply), row), answer) in
+            now_batch.into_iter().zip(&rows).zip(answers)
+        {
+            match answer {
                 Ok(Some(answer)) if settled(&answer, &fingerprint, p.take_over) => {
-                    let holds = holding(&answer, &fingerprint, &row);
+                    let holds = duplicates
+                        .then(|| holding(&answer, &fingerprint, row))
+                        .flatten();
                     match reply.send(Ok(answer)) {
                         Ok(()) => {
                             if let Some(holds) = holds {
@@ -704,9 +715,7 @@ async fn withdraw(context: &Context, conn: &Conn, target: &Target, fence: i64, t
 
 async fn completes(context: &Context, conn: &Conn, mut pending: Vec<CompleteItem>) {
     while !pending.is_empty() {
-        let (mut batch, later) = first_of_each_key(pending, |c| &c.0 .0);
-        batch.sort_by(|a, b| by_key(&a.0 .0, &b.0 .0));
-        pending = later;
+        let batch = next_round(&mut pending, |c| &c.0 .0);
         let (tenants, endpoints, keys) = columns(batch.iter().map(|c| &c.0 .0));
         let fences: Vec<i64> = batch.iter().map(|c| c.0 .1).collect();
         let statuses: Vec<i32> = batch.iter().map(|c| c.1).collect();
@@ -732,7 +741,7 @@ async fn completes(context: &Context, conn: &Conn, mut pending: Vec<CompleteItem
         let done = fenced_rows(result);
         for (fenced, .., reply) in batch {
             let _ = reply.send(match &done {
-                Ok(done) => Ok(done.iter().find(|(f, _)| *f == fenced.1).map(|(_, at)| *at)),
+                Ok(done) => Ok(done.get(&fenced.1).copied()),
                 Err(e) => Err(again(e)),
             });
         }
@@ -741,9 +750,7 @@ async fn completes(context: &Context, conn: &Conn, mut pending: Vec<CompleteItem
 
 async fn releases(context: &Context, conn: &Conn, mut pending: Vec<(Fenced, Option<Reply<bool>>)>) {
     while !pending.is_empty() {
-        let (mut batch, later) = first_of_each_key(pending, |c| &c.0 .0);
-        batch.sort_by(|a, b| by_key(&a.0 .0, &b.0 .0));
-        pending = later;
+        let batch = next_round(&mut pending, |c| &c.0 .0);
         let (tenants, endpoints, keys) = columns(batch.iter().map(|c| &c.0 .0));
         let fences: Vec<i64> = batch.iter().map(|c| c.0 .1).collect();
         let result = query(
@@ -752,7 +759,11 @@ async fn releases(context: &Context, conn: &Conn, mut pending: Vec<(Fenced, Opti
             &[&tenants, &endpoints, &keys, &fences],
         )
         .await
-        .map(|rows| rows.iter().map(|r| r.get::<_, i64>(0)).collect::<Vec<_>>())
+        .map(|rows| {
+            rows.iter()
+                .map(|r| r.get::<_, i64>(0))
+                .collect::<std::collections::HashSet<_>>()
+        })
         .map_err(db_error);
         context.commits.fetch_add(1, Ordering::Relaxed);
         for (fenced, reply) in batch {
@@ -771,9 +782,7 @@ async fn extends(context: &Context, conn: &Conn, pending: Vec<ExtendItem>) {
     let (orphaned, renewed): (Vec<_>, Vec<_>) = pending.into_iter().partition(|e| e.2);
     for (mut pending, orphan) in [(orphaned, true), (renewed, false)] {
         while !pending.is_empty() {
-            let (mut batch, later) = first_of_each_key(pending, |c| &c.0 .0);
-            batch.sort_by(|a, b| by_key(&a.0 .0, &b.0 .0));
-            pending = later;
+            let batch = next_round(&mut pending, |c| &c.0 .0);
             let (tenants, endpoints, keys) = columns(batch.iter().map(|c| &c.0 .0));
             let fences: Vec<i64> = batch.iter().map(|c| c.0 .1).collect();
             let by: Vec<i64> = batch.iter().map(|c| c.1).collect();
@@ -796,9 +805,7 @@ async fn extends(context: &Context, conn: &Conn, pending: Vec<ExtendItem>) {
             for (fenced, .., reply) in batch {
                 if let Some(reply) = reply {
                     let _ = reply.send(match &done {
-                        Ok(done) => {
-                            Ok(done.iter().find(|(f, _)| *f == fenced.1).map(|(_, at)| *at))
-                        }
+                        Ok(done) => Ok(done.get(&fenced.1).copied()),
                         Err(e) => Err(again(e)),
                     });
                 }
@@ -809,9 +816,7 @@ async fn extends(context: &Context, conn: &Conn, pending: Vec<ExtendItem>) {
 
 async fn abandons(conn: &Conn, mut pending: Vec<Fenced>) {
     while !pending.is_empty() {
-        let (mut batch, later) = first_of_each_key(pending, |c| &c.0);
-        batch.sort_by(|a, b| by_key(&a.0, &b.0));
-        pending = later;
+        let batch = next_round(&mut pending, |c| &c.0);
         let (tenants, endpoints, keys) = columns(batch.iter().map(|c| &c.0));
         let fences: Vec<i64> = batch.iter().map(|c| c.1).collect();
         // A failure leaves the claim in progress until its lease ends, as a crash would.
@@ -879,10 +884,10 @@ where
     retrying(|| client.execute(statement, params)).await
 }
 
-/// `(fence, time)` of each row a statement returned.
+/// The time each row a statement returned carries, by its fence.
 fn fenced_rows(
     result: std::result::Result<Vec<Row>, tokio_postgres::Error>,
-) -> Result<Vec<(i64, i64)>> {
+) -> Result<HashMap<i64, i64>> {
     let rows = result.map_err(db_error)?;
     rows.iter()
         .map(|r| {
