@@ -5,6 +5,7 @@
 //! may have changed the key. The engine runs its connections on a thread of its own (see
 //! `worker.rs`), so blocking callers need no runtime and async callers any executor.
 
+mod plans;
 mod schema;
 mod sql;
 mod transfer;
@@ -782,26 +783,7 @@ impl PgStore {
                 )
                 .await
                 .map_err(db_error)?;
-            let now: i64 = row.try_get(0).map_err(db_error)?;
-            let Some(fence) = row.try_get::<_, Option<i64>>(1).map_err(db_error)? else {
-                return Ok((now, None));
-            };
-            let held = Held {
-                fence,
-                fingerprint: row.try_get(2).map_err(db_error)?,
-                claimed_at: row.try_get(3).map_err(db_error)?,
-                completed: row.try_get(4).map_err(db_error)?,
-                lease_until: row.try_get(5).map_err(db_error)?,
-                expires_at: row.try_get(6).map_err(db_error)?,
-                orphan: row
-                    .try_get::<_, Option<bool>>(7)
-                    .map_err(db_error)?
-                    .unwrap_or_default(),
-                status: row.try_get(8).map_err(db_error)?,
-                headers: row.try_get(9).map_err(db_error)?,
-                body: row.try_get(10).map_err(db_error)?,
-            };
-            Ok((now, Some(held)))
+            worker::record_row(&row)
         })
     }
 

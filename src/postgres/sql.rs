@@ -4,6 +4,11 @@
 //! Times are milliseconds since the Unix epoch by the database's clock:
 //! `statement_timestamp()`, fixed for the whole statement. `$1` overrides it with the time of a
 //! clock injected for tests (`NULL` otherwise; see `docs/postgres.md`, "Whose clock").
+//!
+//! A statement that finds rows by key says "in progress" as `expires_at IS NULL` (the same
+//! thing, by the table's first `CHECK`), never `NOT completed`: that would let the planner
+//! answer it from `records_in_progress`, whose rows it may believe few, and a plan cached on
+//! that belief scans every claim in progress for each key (`plans.rs`).
 
 /// The schema version this library writes and reads. A schema recorded with a higher version
 /// was made by a newer idemdb and is refused.
@@ -65,73 +70,61 @@ CREATE INDEX IF NOT EXISTS records_in_progress ON {s}.records (fence) WHERE NOT 
 INSERT INTO {s}.meta (schema_version) VALUES (1) ON CONFLICT DO NOTHING;
 "#;
 
-/// The claim of a batch of distinct keys, decided in one statement.
-///
-/// The `INSERT .. ON CONFLICT DO UPDATE .. WHERE` takes each key that is absent, expired, or
-/// (with `$7`, the take-over policy) stale with the same fingerprint: those rows come back from
-/// `won`. A key whose record, as the statement's snapshot shows it, answers the claim (a live
-/// claim, a completion, another fingerprint) is not even tried: the outer query reads that
-/// record as the answer (in progress, replay or mismatch), and a batch of such answers takes no
-/// lock and writes nothing. The write decides on the newest version of the row, under its
-/// lock, so a record the snapshot did not show (committed by another session meanwhile) is
-/// never overwritten by mistake: the insert conflicts, its `WHERE` is false, and the key comes
-/// back with neither a win nor a visible record, to be claimed again by a next statement.
+/// The claim of distinct keys: one `INSERT .. ON CONFLICT DO UPDATE .. WHERE` takes each key
+/// that is absent, expired, or (with `$7`, the take-over policy) stale with the same
+/// fingerprint, and returns a row for each key it took. A key whose record, as the statement's
+/// snapshot shows it, answers the claim (a live claim, a completion, another fingerprint) is
+/// not even tried, so a batch of such answers takes no lock and writes nothing: its keys are
+/// read afterwards by [`HELD`] (or [`GET`]), which sees the record that answers them. The write
+/// decides on the newest version of the row, under its lock, so a record the snapshot did not
+/// show (committed by another session meanwhile) is never overwritten by mistake: the insert
+/// conflicts, its `WHERE` is false, and the key is not returned.
 ///
 /// `excluded.fence > r.fence` keeps each key's fences growing even if this statement drew its
 /// fence before the claim it replaces drew its own (a statement that waited a whole lease).
 ///
+/// Why two statements and not one that also reads the answers: the single statement (the
+/// insert in a `WITH` and an outer join for the records that answer) cost about 60 µs more
+/// of the server's CPU per claim, measured with pgbench (`docs/postgres.md`), and most claims
+/// are new keys, for which the read is not needed.
+///
 /// Parameters: `$1` test clock, `$2..$5` tenants, endpoints, keys, fingerprints, `$6`
-/// lease in ms, `$7` take over stale claims, `$8` owner, `$9` incarnation.
-/// The claim statement over the keys `$input` (a query with columns tenant, endpoint, key,
-/// fingerprint and ord) yields.
+/// lease in ms, `$7` take over stale claims, `$8` owner, `$9` incarnation. The statement over
+/// the keys `$input` (a query with columns tenant, endpoint, key, fingerprint) yields.
 macro_rules! claim_over {
     ($input:expr) => {
         concat!(
-            "WITH t AS (SELECT ",
-            now_ms!(),
-            " AS now),\ninput AS (",
+            r#"INSERT INTO {s}.records AS r (tenant, endpoint, key, fence, fingerprint, claimed_at,
+    completed, lease_until, owner, incarnation, orphan)
+SELECT i.tenant, i.endpoint, i.key, nextval('{s}.fences'), i.fingerprint, t.now,
+    false, t.now + $6::bigint, $8::text, $9::bigint, false
+FROM ("#,
             $input,
-            r#"),
-won AS (
-    INSERT INTO {s}.records AS r (tenant, endpoint, key, fence, fingerprint, claimed_at,
-        completed, lease_until, owner, incarnation, orphan)
-    SELECT i.tenant, i.endpoint, i.key, nextval('{s}.fences'), i.fingerprint, t.now,
-        false, t.now + $6::bigint, $8::text, $9::bigint, false
-    FROM input i CROSS JOIN t
-    WHERE NOT EXISTS (
-        SELECT 1 FROM {s}.records h
-        WHERE h.tenant = i.tenant AND h.endpoint = i.endpoint AND h.key = i.key
-          AND NOT ((h.completed AND h.expires_at <= t.now)
-                OR ($7::boolean AND NOT h.completed AND h.lease_until <= t.now
-                    AND h.fingerprint = i.fingerprint)))
-    ORDER BY i.tenant, i.endpoint, i.key
-    ON CONFLICT (tenant, endpoint, key) DO UPDATE SET
-        fence = excluded.fence, fingerprint = excluded.fingerprint,
-        claimed_at = excluded.claimed_at, completed = false,
-        lease_until = excluded.lease_until, owner = excluded.owner,
-        incarnation = excluded.incarnation, orphan = false,
-        completed_at = NULL, expires_at = NULL, status = NULL, headers = NULL, body = NULL,
-        replaced_fence = r.fence, replaced_claimed_at = r.claimed_at,
-        replaced_orphan = r.orphan OR (r.owner = excluded.owner AND r.incarnation < excluded.incarnation),
-        replaced_in_progress = NOT r.completed
-    WHERE excluded.fence > r.fence
-      AND ((r.completed AND r.expires_at <= excluded.claimed_at)
-        OR ($7::boolean AND NOT r.completed AND r.lease_until <= excluded.claimed_at
-            AND r.fingerprint = excluded.fingerprint))
-    RETURNING r.tenant, r.endpoint, r.key, r.fence, r.claimed_at, r.lease_until,
-        r.replaced_fence, r.replaced_claimed_at, r.replaced_orphan, r.replaced_in_progress
-)
-SELECT i.ord, t.now,
-    w.fence, w.claimed_at, w.lease_until,
-    w.replaced_fence, w.replaced_claimed_at, w.replaced_orphan, w.replaced_in_progress,
-    c.fence, c.fingerprint, c.completed, c.lease_until, c.expires_at,
-    c.orphan OR (c.owner = $8::text AND c.incarnation < $9::bigint),
-    c.status, c.headers, c.body
-FROM input i CROSS JOIN t
-LEFT JOIN won w ON w.tenant = i.tenant AND w.endpoint = i.endpoint AND w.key = i.key
-LEFT JOIN {s}.records c ON w.fence IS NULL
-    AND c.tenant = i.tenant AND c.endpoint = i.endpoint AND c.key = i.key
-ORDER BY i.ord"#
+            ") i CROSS JOIN (SELECT ",
+            now_ms!(),
+            r#" AS now) t
+WHERE NOT EXISTS (
+    SELECT 1 FROM {s}.records h
+    WHERE h.tenant = i.tenant AND h.endpoint = i.endpoint AND h.key = i.key
+      AND NOT ((h.completed AND h.expires_at <= t.now)
+            OR ($7::boolean AND NOT h.completed AND h.lease_until <= t.now
+                AND h.fingerprint = i.fingerprint)))
+ORDER BY i.tenant, i.endpoint, i.key
+ON CONFLICT (tenant, endpoint, key) DO UPDATE SET
+    fence = excluded.fence, fingerprint = excluded.fingerprint,
+    claimed_at = excluded.claimed_at, completed = false,
+    lease_until = excluded.lease_until, owner = excluded.owner,
+    incarnation = excluded.incarnation, orphan = false,
+    completed_at = NULL, expires_at = NULL, status = NULL, headers = NULL, body = NULL,
+    replaced_fence = r.fence, replaced_claimed_at = r.claimed_at,
+    replaced_orphan = r.orphan OR (r.owner = excluded.owner AND r.incarnation < excluded.incarnation),
+    replaced_in_progress = NOT r.completed
+WHERE excluded.fence > r.fence
+  AND ((r.completed AND r.expires_at <= excluded.claimed_at)
+    OR ($7::boolean AND NOT r.completed AND r.lease_until <= excluded.claimed_at
+        AND r.fingerprint = excluded.fingerprint))
+RETURNING r.tenant, r.endpoint, r.key, r.fence, r.claimed_at, r.lease_until,
+    r.replaced_fence, r.replaced_claimed_at, r.replaced_orphan, r.replaced_in_progress"#
         )
     };
 }
@@ -139,14 +132,14 @@ ORDER BY i.ord"#
 /// The claim of a batch of distinct keys, as arrays.
 pub(crate) const CLAIM: &str = claim_over!(
     "SELECT * FROM unnest($2::bytea[], $3::bytea[], $4::text[], $5::bytea[])
-        WITH ORDINALITY AS i(tenant, endpoint, key, fingerprint, ord)"
+        AS u(tenant, endpoint, key, fingerprint)"
 );
 
 /// [`CLAIM`] for one key, with scalar parameters: the same statement, planned for one row
 /// (a lone caller's claim is most of what a quiet store sends).
 pub(crate) const CLAIM_ONE: &str = claim_over!(
     "SELECT $2::bytea AS tenant, $3::bytea AS endpoint, $4::text AS key,
-        $5::bytea AS fingerprint, 1::bigint AS ord"
+        $5::bytea AS fingerprint"
 );
 
 /// Completes a batch of claims, each only if its fence still holds the key in progress.
@@ -162,7 +155,7 @@ UPDATE {s}.records r SET completed = true, completed_at = t.now, expires_at = t.
 FROM t, unnest($2::bytea[], $3::bytea[], $4::text[], $5::bigint[], $6::int[], $7::bytea[], $8::bytea[])
     AS u(tenant, endpoint, key, fence, status, headers, body)
 WHERE r.tenant = u.tenant AND r.endpoint = u.endpoint AND r.key = u.key
-    AND r.fence = u.fence AND NOT r.completed
+    AND r.fence = u.fence AND r.expires_at IS NULL
 RETURNING r.fence, r.expires_at"#
 );
 
@@ -173,7 +166,7 @@ pub(crate) const RELEASE: &str = r#"
 DELETE FROM {s}.records r
 USING unnest($1::bytea[], $2::bytea[], $3::text[], $4::bigint[]) AS u(tenant, endpoint, key, fence)
 WHERE r.tenant = u.tenant AND r.endpoint = u.endpoint AND r.key = u.key
-    AND r.fence = u.fence AND NOT r.completed
+    AND r.fence = u.fence AND r.expires_at IS NULL
 RETURNING r.fence"#;
 
 /// Renews a batch of leases to run until now plus each one's `by`; `$6` marks them orphans
@@ -187,7 +180,7 @@ UPDATE {s}.records r SET lease_until = t.now + u.by, orphan = r.orphan OR $6::bo
 FROM t, unnest($2::bytea[], $3::bytea[], $4::text[], $5::bigint[], $7::bigint[])
     AS u(tenant, endpoint, key, fence, by)
 WHERE r.tenant = u.tenant AND r.endpoint = u.endpoint AND r.key = u.key
-    AND r.fence = u.fence AND NOT r.completed
+    AND r.fence = u.fence AND r.expires_at IS NULL
 RETURNING r.fence, r.lease_until"#
 );
 
@@ -197,19 +190,38 @@ pub(crate) const ABANDON: &str = r#"
 UPDATE {s}.records r SET orphan = true
 FROM unnest($1::bytea[], $2::bytea[], $3::text[], $4::bigint[]) AS u(tenant, endpoint, key, fence)
 WHERE r.tenant = u.tenant AND r.endpoint = u.endpoint AND r.key = u.key
-    AND r.fence = u.fence AND NOT r.completed
+    AND r.fence = u.fence AND r.expires_at IS NULL
 RETURNING r.fence"#;
 
-/// One record as `get` and `wait` see it, with the database's time. `$1` test clock, `$2..$4`
-/// tenant, endpoint, key, `$5` owner, `$6` incarnation.
-pub(crate) const GET: &str = concat!(
-    "SELECT ",
-    now_ms!(),
-    r#", r.fence, r.fingerprint, r.claimed_at, r.completed, r.lease_until, r.expires_at,
+/// The columns [`GET`] and [`HELD`] read: the database's time, then the record `r` (all
+/// `NULL` when the key has none). `$1` test clock, `$5` owner, `$6` incarnation.
+macro_rules! record_columns {
+    () => {
+        concat!(
+            "SELECT ",
+            now_ms!(),
+            r#", r.fence, r.fingerprint, r.claimed_at, r.completed, r.lease_until, r.expires_at,
     r.orphan OR (r.owner = $5::text AND r.incarnation < $6::bigint),
     r.status, r.headers, r.body
-FROM (SELECT 1) one
+"#
+        )
+    };
+}
+
+/// One record as `get`, `wait` and a claim that did not take its key see it, with the
+/// database's time. `$2..$4` tenant, endpoint, key; the rest as [`record_columns`].
+pub(crate) const GET: &str = concat!(
+    record_columns!(),
+    r#"FROM (SELECT 1) one
 LEFT JOIN {s}.records r ON r.tenant = $2 AND r.endpoint = $3 AND r.key = $4"#
+);
+
+/// [`GET`] for a batch of keys, as arrays: one row per key, in the arrays' order.
+pub(crate) const HELD: &str = concat!(
+    record_columns!(),
+    r#"FROM unnest($2::bytea[], $3::bytea[], $4::text[]) WITH ORDINALITY AS i(tenant, endpoint, key, ord)
+LEFT JOIN {s}.records r ON r.tenant = i.tenant AND r.endpoint = i.endpoint AND r.key = i.key
+ORDER BY i.ord"#
 );
 
 /// The stale claims a reap offers: leases run out, orphans marked by a dropped ticket, and
@@ -233,7 +245,7 @@ LIMIT $4"#
 pub(crate) const REAP_RELEASE: &str = r#"
 DELETE FROM {s}.records r
 WHERE r.tenant = $1 AND r.endpoint = $2 AND r.key = $3 AND r.fence = $4
-    AND NOT r.completed AND r.lease_until = $5"#;
+    AND r.expires_at IS NULL AND r.lease_until = $5"#;
 
 /// A reap's completion, under the same condition as [`REAP_RELEASE`]. `$1` test clock, `$2..$4`
 /// tenant, endpoint, key, `$5` fence, `$6` lease it had, `$7..$9` status, headers, body, `$10`
@@ -247,7 +259,7 @@ UPDATE {s}.records r SET completed = true, completed_at = t.now, expires_at = t.
     status = $7, headers = $8, body = $9
 FROM t
 WHERE r.tenant = $2 AND r.endpoint = $3 AND r.key = $4 AND r.fence = $5
-    AND NOT r.completed AND r.lease_until = $6"#
+    AND r.expires_at IS NULL AND r.lease_until = $6"#
 );
 
 /// Deletes up to `$2` expired records, oldest first, skipping rows another session holds.

@@ -126,6 +126,7 @@ pub(crate) struct Conn {
     pub(crate) extend: Statement,
     pub(crate) abandon: Statement,
     pub(crate) get: Statement,
+    pub(crate) held: Statement,
 }
 
 impl Conn {
@@ -141,7 +142,8 @@ impl Conn {
         // failover through a multi-host URL).
         super::schema::check_durability(&client).await?;
         super::schema::make_commits_durable(&client).await?;
-        let [claim, claim_one, complete, release, extend, abandon, get] = [
+        super::plans::fix_plans(&client).await?;
+        let [claim, claim_one, complete, release, extend, abandon, get, held] = [
             sql::CLAIM,
             sql::CLAIM_ONE,
             sql::COMPLETE,
@@ -149,9 +151,10 @@ impl Conn {
             sql::EXTEND,
             sql::ABANDON,
             sql::GET,
+            sql::HELD,
         ]
         .map(|text| super::schema::qualify(text, schema));
-        let (claim, claim_one, complete, release, extend, abandon, get) = tokio::try_join!(
+        let (claim, claim_one, complete, release, extend, abandon, get, held) = tokio::try_join!(
             client.prepare(&claim),
             client.prepare(&claim_one),
             client.prepare(&complete),
@@ -159,6 +162,7 @@ impl Conn {
             client.prepare(&extend),
             client.prepare(&abandon),
             client.prepare(&get),
+            client.prepare(&held),
         )
         .map_err(db_error)?;
         Ok(Conn {
@@ -170,6 +174,7 @@ impl Conn {
             extend,
             abandon,
             get,
+            held,
         })
     }
 }
@@ -428,90 +433,24 @@ async fn claims(
         if pending.is_empty() {
             return;
         }
-        let now_batch = next_round(&mut pending, |c| &c.0);
-        let (tenants, endpoints, keys) = columns(now_batch.iter().map(|c| &c.0));
-        let fingerprints: Vec<&[u8]> = now_batch.iter().map(|c| c.1.as_slice()).collect();
-        let adjust = (context.adjust)();
-        let result = if let [one] = now_batch.as_slice() {
-            let (target, fingerprint) = (&one.0, one.1.as_slice());
-            query(
-                &conn.client,
-                &conn.claim_one,
-                &[
-                    &adjust,
-                    &target.tenant,
-                    &target.endpoint,
-                    &target.key,
-                    &fingerprint,
-                    &p.lease_ms,
-                    &p.take_over,
-                    &p.owner,
-                    &p.incarnation,
-                ],
-            )
-            .await
-        } else {
-            query(
-                &conn.client,
-                &conn.claim,
-                &[
-                    &adjust,
-                    &tenants,
-                    &endpoints,
-                    &keys,
-                    &fingerprints,
-                    &p.lease_ms,
-                    &p.take_over,
-                    &p.owner,
-                    &p.incarnation,
-                ],
-            )
-            .await
-        };
-        let rows = match result {
-            Ok(rows) if rows.len() == now_batch.len() => rows,
-            Ok(rows) => {
-                let e = format!(
-                    "a claim statement returned {} rows for {} keys",
-                    rows.len(),
-                    now_batch.len()
-                );
-                for (.., reply) in now_batch.into_iter().chain(pending) {
-                    let _ = reply.send(Err(Error::Database {
-                        sqlstate: None,
-                        reason: e.clone(),
-                    }));
-                }
-                return;
-            }
+        let round = next_round(&mut pending, |c| &c.0);
+        let answers = match decide_round(context, conn, &round).await {
+            Ok(answers) => answers,
             Err(e) => {
-                let e = db_error(e);
-                for (.., reply) in now_batch.into_iter().chain(pending) {
+                for (.., reply) in round.into_iter().chain(pending) {
                     let _ = reply.send(Err(again(&e)));
                 }
                 return;
             }
         };
-        let answers: Vec<_> = rows.iter().map(claim_row).collect();
-        // A statement whose every key was answered by its record wrote nothing.
-        let wrote = answers
-            .iter()
-            .any(|a| !matches!(a, Ok(Some(ClaimRow::Held { .. }))));
-        if wrote {
-            context.commits.fetch_add(1, Ordering::Relaxed);
-        }
         // What each decided key now holds, for the claims of the same key this statement
         // could not take (one statement changes a row once); only kept when there are some.
         let duplicates = !pending.is_empty();
         let mut decided: HashMap<KeyColumns, (i64, Held)> = HashMap::new();
-        for (((target, fingerprint, reply), row), answer) in
-            now_batch.into_iter().zip(&rows).zip(answers)
-        {
+        for ((target, fingerprint, reply), answer) in round.into_iter().zip(answers) {
             match answer {
                 Ok(Some(answer)) if settled(&answer, &fingerprint, p.take_over) => {
-                    let holds = duplicates
-                        .then(|| holding(&answer, &fingerprint, row))
-                        .flatten();
+                    let holds = duplicates.then(|| holding(&answer, &fingerprint));
                     match reply.send(Ok(answer)) {
                         Ok(()) => {
                             if let Some(holds) = holds {
@@ -563,6 +502,147 @@ async fn claims(
     }
 }
 
+/// Claims the distinct keys of `round` (sorted by key) with one statement, then reads the
+/// records of the keys it did not take with a second, read-only one. One answer per key, in
+/// `round`'s order: `Ok(None)` when the key must be claimed again (its record is gone or
+/// claimable by the time it was read). `Err` only if the claim statement failed: a failed
+/// read fails the keys it was for, never the claims that were won.
+async fn decide_round(
+    context: &Context,
+    conn: &Conn,
+    round: &[(Target, [u8; 32], Reply<ClaimRow>)],
+) -> Result<Vec<Result<Option<ClaimRow>>>> {
+    let p = &context.params;
+    let adjust = (context.adjust)();
+    let won = if let [(target, fingerprint, _)] = round {
+        query(
+            &conn.client,
+            &conn.claim_one,
+            &[
+                &adjust,
+                &target.tenant,
+                &target.endpoint,
+                &target.key,
+                &fingerprint.as_slice(),
+                &p.lease_ms,
+                &p.take_over,
+                &p.owner,
+                &p.incarnation,
+            ],
+        )
+        .await
+    } else {
+        let (tenants, endpoints, keys) = columns(round.iter().map(|c| &c.0));
+        let fingerprints: Vec<&[u8]> = round.iter().map(|c| c.1.as_slice()).collect();
+        query(
+            &conn.client,
+            &conn.claim,
+            &[
+                &adjust,
+                &tenants,
+                &endpoints,
+                &keys,
+                &fingerprints,
+                &p.lease_ms,
+                &p.take_over,
+                &p.owner,
+                &p.incarnation,
+            ],
+        )
+        .await
+    }
+    .map_err(db_error)?;
+    if !won.is_empty() {
+        context.commits.fetch_add(1, Ordering::Relaxed);
+    }
+    let mut answers: Vec<Result<Option<ClaimRow>>> = round.iter().map(|_| Ok(None)).collect();
+    for row in &won {
+        let found = won_row(row).and_then(|(target, won)| {
+            let at = round
+                .binary_search_by(|c| by_key(&c.0, &target))
+                .map_err(|_| Error::Database {
+                    sqlstate: None,
+                    reason: "a claim statement returned a key it was not given".into(),
+                })?;
+            Ok((at, won))
+        });
+        match found {
+            Ok((at, won)) => answers[at] = Ok(Some(won)),
+            // A row that cannot be read: its claim stays in progress until its lease ends,
+            // as after a crash; the key is not claimed again by this batch.
+            Err(e) => {
+                for answer in answers.iter_mut().filter(|a| matches!(a, Ok(None))) {
+                    *answer = Err(again(&e));
+                }
+                return Ok(answers);
+            }
+        }
+    }
+    let unanswered: Vec<usize> = (0..round.len())
+        .filter(|&i| matches!(answers[i], Ok(None)))
+        .collect();
+    if unanswered.is_empty() {
+        return Ok(answers);
+    }
+    let read = if let [only] = unanswered.as_slice() {
+        let target = &round[*only].0;
+        query(
+            &conn.client,
+            &conn.get,
+            &[
+                &adjust,
+                &target.tenant,
+                &target.endpoint,
+                &target.key,
+                &p.owner,
+                &p.incarnation,
+            ],
+        )
+        .await
+    } else {
+        let (tenants, endpoints, keys) = columns(unanswered.iter().map(|&i| &round[i].0));
+        query(
+            &conn.client,
+            &conn.held,
+            &[
+                &adjust,
+                &tenants,
+                &endpoints,
+                &keys,
+                &p.owner,
+                &p.incarnation,
+            ],
+        )
+        .await
+    };
+    let rows = match read {
+        Ok(rows) if rows.len() == unanswered.len() => Ok(rows),
+        Ok(rows) => Err(Error::Database {
+            sqlstate: None,
+            reason: format!(
+                "a read of {} keys returned {} rows",
+                unanswered.len(),
+                rows.len()
+            ),
+        }),
+        Err(e) => Err(db_error(e)),
+    };
+    match rows {
+        Ok(rows) => {
+            for (i, row) in unanswered.into_iter().zip(&rows) {
+                answers[i] = record_row(row)
+                    .map(|(now, held)| held.map(|record| ClaimRow::Held { now, record }));
+            }
+        }
+        Err(e) => {
+            for i in unanswered {
+                answers[i] = Err(again(&e));
+            }
+        }
+    }
+    Ok(answers)
+}
+
 /// A key's identity in a batch.
 type KeyColumns = (Vec<u8>, Vec<u8>, String);
 
@@ -570,18 +650,17 @@ fn key_columns(t: &Target) -> KeyColumns {
     (t.tenant.clone(), t.endpoint.clone(), t.key.clone())
 }
 
-/// What a key holds after a claim statement answered `answer` for it: the won claim (in
-/// progress, by `fingerprint`) or the record that answered. `None` if unreadable.
-fn holding(answer: &ClaimRow, fingerprint: &[u8; 32], row: &Row) -> Option<(i64, Held)> {
-    let now: i64 = row.try_get(1).ok()?;
-    Some(match answer {
+/// What a key holds after a claim statement answered `answer` for it, with the time it was
+/// decided at: the won claim (in progress, by `fingerprint`) or the record that answered.
+fn holding(answer: &ClaimRow, fingerprint: &[u8; 32]) -> (i64, Held) {
+    match answer {
         ClaimRow::Won {
             fence,
             claimed_at,
             lease_until,
             ..
         } => (
-            now,
+            *claimed_at,
             Held {
                 fence: *fence,
                 fingerprint: fingerprint.to_vec(),
@@ -596,13 +675,12 @@ fn holding(answer: &ClaimRow, fingerprint: &[u8; 32], row: &Row) -> Option<(i64,
             },
         ),
         ClaimRow::Held { now, record } => (*now, record.clone()),
-    })
+    }
 }
 
-/// Whether a claim statement's answer stands. The record it read is the statement's snapshot,
-/// and the insert found a newer version when the snapshot shows a record the claim would have
-/// taken (expired, or stale with the same fingerprint under the take-over policy): the key is
-/// claimed again by a next statement, which sees that version.
+/// Whether a claim's answer stands. A record read after the claim statement that the claim
+/// would take (gone, expired, or stale with the same fingerprint under the take-over policy)
+/// changed after the statement's snapshot: the key is claimed again by a next statement.
 fn settled(answer: &ClaimRow, fingerprint: &[u8; 32], take_over: bool) -> bool {
     let ClaimRow::Held { now, record } = answer else {
         return true;
@@ -614,66 +692,63 @@ fn settled(answer: &ClaimRow, fingerprint: &[u8; 32], take_over: bool) -> bool {
     !(take_over && stale && record.fingerprint.as_slice() == fingerprint.as_slice())
 }
 
-/// Reads one row of [`sql::CLAIM`]; `None` when the key must be claimed again (its row was
-/// written after the statement's snapshot).
-fn claim_row(row: &Row) -> Result<Option<ClaimRow>> {
+/// Reads one row of [`sql::CLAIM`]: the key it took and the claim.
+fn won_row(row: &Row) -> Result<(Target, ClaimRow)> {
     let get = |e: tokio_postgres::Error| db_error(e);
-    let now: i64 = row.try_get(1).map_err(get)?;
-    if let Some(fence) = row.try_get::<_, Option<i64>>(2).map_err(get)? {
-        let replaced = match row.try_get::<_, Option<bool>>(8).map_err(get)? {
-            Some(true) => Some((
-                row.try_get::<_, Option<i64>>(5)
-                    .map_err(get)?
-                    .unwrap_or_default(),
-                row.try_get::<_, Option<i64>>(6)
-                    .map_err(get)?
-                    .unwrap_or_default(),
-                row.try_get::<_, Option<bool>>(7)
-                    .map_err(get)?
-                    .unwrap_or_default(),
-            )),
-            _ => None,
-        };
-        return Ok(Some(ClaimRow::Won {
-            fence,
-            claimed_at: row
-                .try_get::<_, Option<i64>>(3)
-                .map_err(get)?
-                .unwrap_or(now),
-            lease_until: row
-                .try_get::<_, Option<i64>>(4)
-                .map_err(get)?
-                .unwrap_or(now),
-            replaced,
-        }));
-    }
-    let Some(fence) = row.try_get::<_, Option<i64>>(9).map_err(get)? else {
-        return Ok(None);
+    let target = Target {
+        tenant: row.try_get(0).map_err(get)?,
+        endpoint: row.try_get(1).map_err(get)?,
+        key: row.try_get(2).map_err(get)?,
     };
-    Ok(Some(ClaimRow::Held {
-        now,
-        record: Held {
-            fence,
-            fingerprint: row
-                .try_get::<_, Option<Vec<u8>>>(10)
+    let replaced = match row.try_get::<_, Option<bool>>(9).map_err(get)? {
+        Some(true) => Some((
+            row.try_get::<_, Option<i64>>(6)
                 .map_err(get)?
                 .unwrap_or_default(),
-            claimed_at: 0,
-            completed: row
-                .try_get::<_, Option<bool>>(11)
+            row.try_get::<_, Option<i64>>(7)
                 .map_err(get)?
                 .unwrap_or_default(),
-            lease_until: row.try_get(12).map_err(get)?,
-            expires_at: row.try_get(13).map_err(get)?,
-            orphan: row
-                .try_get::<_, Option<bool>>(14)
+            row.try_get::<_, Option<bool>>(8)
                 .map_err(get)?
                 .unwrap_or_default(),
-            status: row.try_get(15).map_err(get)?,
-            headers: row.try_get(16).map_err(get)?,
-            body: row.try_get(17).map_err(get)?,
+        )),
+        _ => None,
+    };
+    Ok((
+        target,
+        ClaimRow::Won {
+            fence: row.try_get(3).map_err(get)?,
+            claimed_at: row.try_get(4).map_err(get)?,
+            lease_until: row.try_get(5).map_err(get)?,
+            replaced,
         },
-    }))
+    ))
+}
+
+/// Reads one row of [`sql::GET`] or [`sql::HELD`]: the database's time and the key's record,
+/// if it has one.
+pub(crate) fn record_row(row: &Row) -> Result<(i64, Option<Held>)> {
+    let get = |e: tokio_postgres::Error| db_error(e);
+    let now: i64 = row.try_get(0).map_err(get)?;
+    let Some(fence) = row.try_get::<_, Option<i64>>(1).map_err(get)? else {
+        return Ok((now, None));
+    };
+    let held = Held {
+        fence,
+        fingerprint: row.try_get(2).map_err(get)?,
+        claimed_at: row.try_get(3).map_err(get)?,
+        completed: row.try_get(4).map_err(get)?,
+        lease_until: row.try_get(5).map_err(get)?,
+        expires_at: row.try_get(6).map_err(get)?,
+        orphan: row
+            .try_get::<_, Option<bool>>(7)
+            .map_err(get)?
+            .unwrap_or_default(),
+        status: row.try_get(8).map_err(get)?,
+        headers: row.try_get(9).map_err(get)?,
+        body: row.try_get(10).map_err(get)?,
+    };
+    Ok((now, Some(held)))
 }
 
 /// Undoes a claim nobody received: a fresh claim is deleted; a takeover's lease ends now and
