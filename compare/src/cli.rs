@@ -1,6 +1,6 @@
 //! The command line, parsed with clap.
 
-use crate::runner::Workload;
+use crate::runner::{Callers, Workload};
 use crate::systems::Kind;
 use clap::Parser;
 use std::path::PathBuf;
@@ -28,9 +28,10 @@ pub struct Args {
     /// Workloads to run, any of claim, cycle
     #[arg(long, value_name = "LIST", default_value = "claim,cycle", value_parser = workloads)]
     pub workloads: std::vec::Vec<Workload>,
-    /// Caller threads per cell
+    /// Caller threads per cell; PxC: P harness processes of C caller threads each, on one
+    /// shared server (postgres, idemdb-postgres and redis only)
     #[arg(long, value_name = "LIST", default_value = "1,4,16,64,256", value_parser = callers)]
-    pub callers: std::vec::Vec<usize>,
+    pub callers: std::vec::Vec<Callers>,
     /// Keys preloaded per system, e.g. 100000,10000000
     #[arg(long, value_name = "LIST", default_value = "100000", value_parser = keys)]
     pub keys: std::vec::Vec<u64>,
@@ -71,6 +72,16 @@ pub struct Args {
     /// Retries of such a cell; the least disturbed attempt is kept (0 disables)
     #[arg(long, value_name = "N", default_value = "3")]
     pub retries: usize,
+    /// Internal: run as child process INDEX of a multi-process cell, started by the harness
+    /// itself with one system, one workload and one `PxC` caller layout (see processes.rs)
+    #[arg(long, value_name = "INDEX", hide = true, requires = "child_cell")]
+    pub child: Option<usize>,
+    /// Internal: the cell number a child draws its keys from
+    #[arg(long, value_name = "N", hide = true, requires = "child")]
+    pub child_cell: Option<u64>,
+    /// Internal: the PostgreSQL schema of the parent's idemdb-postgres store
+    #[arg(long, value_name = "NAME", hide = true, requires = "child")]
+    pub child_schema: Option<String>,
 }
 
 /// A comma-separated list, each item read by `item`.
@@ -105,12 +116,14 @@ fn workloads(value: &str) -> Result<Vec<Workload>, String> {
     })
 }
 
-fn callers(value: &str) -> Result<Vec<usize>, String> {
+fn callers(value: &str) -> Result<Vec<Callers>, String> {
     list(value, |s| {
-        s.parse()
-            .ok()
-            .filter(|&n| n > 0)
-            .ok_or_else(|| format!("bad caller count {s:?} (a whole number, 1 or more)"))
+        Callers::parse(s).ok_or_else(|| {
+            format!(
+                "bad caller count {s:?} (a whole number, 1 or more, or PxC: P processes of \
+                 C callers each, e.g. 4x16)"
+            )
+        })
     })
 }
 
@@ -172,7 +185,7 @@ mod tests {
         let a = parse(&[]).unwrap();
         assert_eq!(a.systems, Kind::ALL.to_vec());
         assert_eq!(a.workloads, Workload::ALL.to_vec());
-        assert_eq!(a.callers, vec![1, 4, 16, 64, 256]);
+        assert_eq!(a.callers, [1, 4, 16, 64, 256].map(Callers::Threads));
         assert_eq!(a.keys, vec![100_000]);
         assert!((a.seconds - 3.0).abs() < f64::EPSILON);
         assert!((a.warmup - 0.5).abs() < f64::EPSILON);
@@ -185,6 +198,9 @@ mod tests {
         assert!((a.max_other - 20.0).abs() < f64::EPSILON);
         assert!((a.max_preload - 600.0).abs() < f64::EPSILON);
         assert_eq!(a.retries, 3);
+        assert_eq!(a.child, None);
+        assert_eq!(a.child_cell, None);
+        assert_eq!(a.child_schema, None);
     }
 
     #[test]
@@ -202,7 +218,7 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(a.systems, vec![Kind::Idemdb, Kind::Sqlite]);
-        assert_eq!(a.callers, vec![1, 64]);
+        assert_eq!(a.callers, [1, 64].map(Callers::Threads));
         assert_eq!(a.keys, vec![10_000]);
         assert_eq!(a.workloads, vec![Workload::Claim]);
         assert!((a.seconds - 1.0).abs() < f64::EPSILON);
@@ -277,9 +293,59 @@ mod tests {
     fn callers_list() {
         assert_eq!(
             parse(&["--callers", "1, 4,,256"]).unwrap().callers,
-            vec![1, 4, 256]
+            [1, 4, 256].map(Callers::Threads)
         );
-        assert_eq!(parse(&["--callers", "64"]).unwrap().callers, vec![64]);
+        assert_eq!(
+            parse(&["--callers", "64"]).unwrap().callers,
+            [Callers::Threads(64)]
+        );
+        let four_by_sixteen = Callers::Processes {
+            processes: 4,
+            each: 16,
+        };
+        assert_eq!(
+            parse(&["--callers", "4x16"]).unwrap().callers,
+            [four_by_sixteen]
+        );
+        assert_eq!(
+            parse(&["--callers=1,64,4x16"]).unwrap().callers,
+            [Callers::Threads(1), Callers::Threads(64), four_by_sixteen]
+        );
+        for bad in ["0x16", "4x0", "x16", "4x", "1,64,4x", "4x16x2", "4*16"] {
+            let message = parse(&["--callers", bad]).unwrap_err().to_string();
+            assert!(message.contains("bad caller count"), "{bad}: {message}");
+        }
+        let message = parse(&["--callers", "1,0x16"]).unwrap_err().to_string();
+        assert!(message.contains("bad caller count \"0x16\""), "{message}");
+        assert!(message.contains("PxC"), "{message}");
+    }
+
+    #[test]
+    fn child_flags_are_hidden_and_need_each_other() {
+        let a = parse(&[
+            "--child",
+            "2",
+            "--child-cell",
+            "1000064",
+            "--child-schema",
+            "compare_42",
+            "--callers",
+            "4x16",
+        ])
+        .unwrap();
+        assert_eq!(a.child, Some(2));
+        assert_eq!(a.child_cell, Some(1_000_064));
+        assert_eq!(a.child_schema.as_deref(), Some("compare_42"));
+        assert_eq!(
+            error_kind(&["--child", "2"]),
+            ErrorKind::MissingRequiredArgument
+        );
+        assert_eq!(
+            error_kind(&["--child-schema", "x"]),
+            ErrorKind::MissingRequiredArgument
+        );
+        let help = Args::command().render_long_help().to_string();
+        assert!(!help.contains("--child"), "{help}");
     }
 
     #[test]
@@ -318,6 +384,10 @@ mod tests {
             &["--workloads", "read"],
             &["--callers", "0"],
             &["--callers", "1,x"],
+            &["--callers", "0x16"],
+            &["--callers", "4x0"],
+            &["--callers", "x16"],
+            &["--callers", "4x"],
             &["--keys=-5"],
             &["--keys", "1e6"],
             &["--seconds", "0"],

@@ -6,6 +6,7 @@ mod executor;
 mod machine;
 mod measure;
 mod plot;
+mod processes;
 mod report;
 mod runner;
 mod systems;
@@ -15,8 +16,9 @@ use clap::Parser as _;
 use cli::Args;
 use machine::Machine;
 use measure::Device;
+use processes::Launch;
 use report::Row;
-use runner::{Spec, Workload};
+use runner::{Callers, Spec, Workload};
 use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -26,8 +28,14 @@ use workload::Payload;
 fn main() {
     // Prints help (exit 0) or the error and usage (exit 2) itself.
     let args = Args::parse();
-    if let Err(e) = run(&args) {
-        eprintln!("error: {e}");
+    // A child process of a multi-process cell (started by the harness itself, see
+    // processes.rs): it writes nothing but its protocol on stdout and its errors on stderr.
+    let result = match args.child {
+        Some(index) => processes::child(&args, index),
+        None => run(&args),
+    };
+    if let Err(e) = result {
+        eprintln!("error: {}", systems::describe(&*e));
         std::process::exit(1);
     }
 }
@@ -52,6 +60,8 @@ struct CellContext<'a> {
     cpus: usize,
     ticks: u64,
     device: Option<&'a Device>,
+    /// What the child processes of a multi-process cell need to reach the system.
+    launch: &'a Launch,
 }
 
 /// Runs one cell, and again (with new keys, after waiting for quiet) while other work used more
@@ -77,8 +87,14 @@ fn measure_cell(
         }
         // Every attempt draws its own keys: the earlier ones are in the store.
         let cell =
-            (attempt as u64 * 4 + workload_index as u64 + 1) * 1_000_000 + spec.callers as u64;
-        match runner::run(ctx.system, spec, cell, ctx.device) {
+            (attempt as u64 * 4 + workload_index as u64 + 1) * 1_000_000 + spec.callers.tag();
+        let outcome = match spec.callers {
+            Callers::Threads(_) => runner::run(ctx.system, spec, cell, ctx.device),
+            Callers::Processes { .. } => {
+                processes::run(ctx.system, ctx.launch, spec, cell, ctx.device)
+            }
+        };
+        match outcome {
             Ok(outcome) => {
                 let row = Row::new(ctx.name, ctx.keys, &spec, outcome, ctx.ticks, ctx.cpus);
                 eprintln!("{}", report::table_row(&row));
@@ -88,7 +104,7 @@ fn measure_cell(
                 }
             }
             Err(e) => {
-                let note = format!("{label}: cell aborted: {e}");
+                let note = format!("{label}: cell aborted: {}", systems::describe(&*e));
                 eprintln!("{note}");
                 notes.push(note);
                 break;
@@ -199,11 +215,15 @@ fn run(args: &Args) -> systems::Result<()> {
     );
     let _ = writeln!(
         head,
-        "run: {} s per cell after {} s warm-up; callers {:?}; keys {:?}; response {} bytes; seed {}; \
+        "run: {} s per cell after {} s warm-up; callers [{}]; keys {:?}; response {} bytes; seed {}; \
          cells retried up to {} times while other work uses > {}% of the CPUs",
         args.seconds,
         args.warmup,
-        args.callers,
+        args.callers
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(", "),
         args.keys,
         args.response_bytes,
         args.seed,
@@ -245,6 +265,35 @@ fn run(args: &Args) -> systems::Result<()> {
 
     for &keys in &args.keys {
         for &kind in &args.systems {
+            let callers: Vec<Callers> = if kind.single_caller() {
+                vec![Callers::Threads(1)]
+            } else if kind.shared() {
+                args.callers.clone()
+            } else {
+                let (one, several): (Vec<Callers>, Vec<Callers>) = args
+                    .callers
+                    .iter()
+                    .partition(|c| matches!(c, Callers::Threads(_)));
+                if !several.is_empty() {
+                    let note = format!(
+                        "{}: {} callers skipped: a file store can only be opened by one process",
+                        kind.name(),
+                        several
+                            .iter()
+                            .map(ToString::to_string)
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    );
+                    eprintln!("{note}");
+                    if !notes.contains(&note) {
+                        notes.push(note);
+                    }
+                }
+                one
+            };
+            if callers.is_empty() {
+                continue;
+            }
             let setup = Setup {
                 dir: data_root.join(format!("{}-{keys}", kind.name())),
                 seed: args.seed,
@@ -298,13 +347,15 @@ fn run(args: &Args) -> systems::Result<()> {
             }
             settle();
             let dev = device.as_ref().ok();
+            let launch = Launch {
+                kind,
+                postgres: args.postgres.clone(),
+                redis: args.redis.clone(),
+                schema: system.shared_schema().map(str::to_owned),
+                response_bytes: args.response_bytes,
+            };
             for (w, &workload) in args.workloads.iter().enumerate() {
-                let callers: Vec<usize> = if kind.single_caller() {
-                    vec![1]
-                } else {
-                    args.callers.clone()
-                };
-                for c in callers {
+                for &c in &callers {
                     let spec = Spec {
                         workload,
                         callers: c,
@@ -325,6 +376,7 @@ fn run(args: &Args) -> systems::Result<()> {
                         cpus: machine.cpus,
                         ticks,
                         device: dev,
+                        launch: &launch,
                     };
                     if let Some(row) = measure_cell(&ctx, spec, w, &label, &mut notes) {
                         rows.push(row);

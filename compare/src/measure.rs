@@ -118,23 +118,25 @@ pub fn parse_busy_ticks(text: &str) -> Option<u64> {
     Some(f.first()? + f.get(1)? + f.get(2)? + f.get(5)? + f.get(6)? + f.get(7).unwrap_or(&0))
 }
 
-/// CPU ticks (user + system, all threads) used so far by this process and by every process
-/// whose name starts with one of `servers` (`postgres`, `redis`): the CPU the measured systems
-/// themselves use, as opposed to anything else running on the machine.
-pub fn own_ticks(servers: &[&str]) -> u64 {
-    let me = std::process::id().to_string();
+/// CPU ticks (user + system, all threads) used so far by this process, by the processes
+/// `children` (a multi-process cell's children, other instances of this harness: counted by
+/// PID, not by name, so that another harness running on the machine is not counted) and by
+/// every process whose name starts with one of `servers` (`postgres`, `redis`): the CPU the
+/// measured systems themselves use, as opposed to anything else running on the machine. A
+/// process counts only while `/proc` lists it: the children stay alive until the parent has
+/// sampled the window's end.
+pub fn own_ticks(servers: &[&str], children: &[u32]) -> u64 {
+    let me = std::process::id();
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return 0;
     };
     dir.filter_map(|entry| {
         let entry = entry.ok()?;
-        let pid = entry.file_name().into_string().ok()?;
-        if !pid.bytes().all(|b| b.is_ascii_digit()) {
-            return None;
-        }
+        let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
         let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
         let (comm, ticks) = parse_pid_stat(&stat)?;
-        (pid == me || servers.iter().any(|s| comm.starts_with(s))).then_some(ticks)
+        (pid == me || children.contains(&pid) || servers.iter().any(|s| comm.starts_with(s)))
+            .then_some(ticks)
     })
     .sum()
 }
@@ -156,9 +158,9 @@ pub fn parse_pid_stat(text: &str) -> Option<(&str, u64)> {
 /// The share (0..=1) of the machine's CPU capacity used by anything but this process and the
 /// `servers` over the next `over`.
 pub fn others_busy(over: std::time::Duration, servers: &[&str], tps: u64, cpus: usize) -> f64 {
-    let (b0, o0) = (busy_ticks().unwrap_or(0), own_ticks(servers));
+    let (b0, o0) = (busy_ticks().unwrap_or(0), own_ticks(servers, &[]));
     std::thread::sleep(over);
-    let (b1, o1) = (busy_ticks().unwrap_or(0), own_ticks(servers));
+    let (b1, o1) = (busy_ticks().unwrap_or(0), own_ticks(servers, &[]));
     let others = (b1.saturating_sub(b0)).saturating_sub(o1.saturating_sub(o0));
     others as f64 / (over.as_secs_f64() * tps as f64 * cpus.max(1) as f64)
 }

@@ -1,7 +1,11 @@
 //! The latency-versus-throughput plot, written as SVG by hand: log-log axes, one line per
-//! system through its caller counts, p50 as filled markers and p99 as faint ones.
+//! system through its caller counts, p50 as filled markers and p99 as faint ones. A
+//! multi-process cell (`4x16`) is a point of its own, a square labelled with its layout, off
+//! the line: the line joins one process's thread counts, and a cell of several processes is
+//! not the next step along it (its total may even equal a point already on the line).
 
 use crate::report::Row;
+use crate::runner::Callers;
 use std::fmt::Write;
 
 const WIDTH: f64 = 960.0;
@@ -125,7 +129,14 @@ struct Point {
     x: f64,
     p50: f64,
     p99: f64,
-    callers: usize,
+    callers: Callers,
+}
+
+impl Point {
+    /// Whether the point is on its system's line (threads of one process).
+    fn on_line(&self) -> bool {
+        matches!(self.callers, Callers::Threads(_))
+    }
 }
 
 /// The SVG for `rows` (one workload, one key count): x = throughput, y = the latency the
@@ -245,9 +256,10 @@ pub fn svg(title: &str, y_label: &str, rows: &[Row], cycle: bool) -> String {
     // Series.
     for (i, (name, pts)) in series.iter().enumerate() {
         let colour = COLOURS[i % COLOURS.len()];
-        if pts.len() > 1 {
+        if pts.iter().filter(|p| p.on_line()).count() > 1 {
             let path: Vec<String> = pts
                 .iter()
+                .filter(|p| p.on_line())
                 .map(|p| format!("{:.1},{:.1}", xs.at(p.x), ys.at(p.p50)))
                 .collect();
             let _ = writeln!(
@@ -258,9 +270,18 @@ pub fn svg(title: &str, y_label: &str, rows: &[Row], cycle: bool) -> String {
         }
         for p in pts {
             let (x, y50, y99) = (xs.at(p.x), ys.at(p.p50), ys.at(p.p99));
+            let marker = if p.on_line() {
+                format!(r#"<circle cx="{x:.1}" cy="{y50:.1}" r="4" fill="{colour}"/>"#)
+            } else {
+                format!(
+                    r#"<rect class="multi" x="{:.1}" y="{:.1}" width="8" height="8" fill="{colour}"/>"#,
+                    x - 4.0,
+                    y50 - 4.0
+                )
+            };
             let _ = writeln!(
                 out,
-                r#"<line x1="{x:.1}" y1="{y50:.1}" x2="{x:.1}" y2="{y99:.1}" stroke="{colour}" stroke-opacity="0.35"/><circle cx="{x:.1}" cy="{y99:.1}" r="3" fill="white" stroke="{colour}" stroke-opacity="0.5"/><circle cx="{x:.1}" cy="{y50:.1}" r="4" fill="{colour}"/><text x="{:.1}" y="{:.1}" font-size="10" fill="{colour}">{}</text>"#,
+                r#"<line x1="{x:.1}" y1="{y50:.1}" x2="{x:.1}" y2="{y99:.1}" stroke="{colour}" stroke-opacity="0.35"/><circle cx="{x:.1}" cy="{y99:.1}" r="3" fill="white" stroke="{colour}" stroke-opacity="0.5"/>{marker}<text x="{:.1}" y="{:.1}" font-size="10" fill="{colour}">{}</text>"#,
                 x + 6.0,
                 y50 + 12.0,
                 p.callers
@@ -287,6 +308,16 @@ pub fn svg(title: &str, y_label: &str, rows: &[Row], cycle: bool) -> String {
         x1 + 20.0,
         notes_y + 14.0
     );
+    if all().any(|p| !p.on_line()) {
+        let _ = writeln!(
+            out,
+            r#"<text x="{}" y="{}" font-size="10">squares, off the lines:</text><text x="{}" y="{}" font-size="10">PxC = P processes x C callers</text>"#,
+            x1 + 20.0,
+            notes_y + 28.0,
+            x1 + 20.0,
+            notes_y + 42.0
+        );
+    }
     out.push_str("</svg>\n");
     out
 }
@@ -346,7 +377,7 @@ mod tests {
             system,
             keys: 1,
             workload: "claim",
-            callers,
+            callers: Callers::Threads(callers),
             ops: 1,
             throughput,
             claim_us: Some([100.0, 300.0, 900.0]),
@@ -364,5 +395,50 @@ mod tests {
         assert!(s.trim_end().ends_with("</svg>"));
         assert_eq!(s.matches("<polyline").count(), 1);
         assert!(s.contains("x &lt; y"));
+        assert!(!s.contains("class=\"multi\""));
+        assert!(!s.contains("PxC"));
+    }
+
+    #[test]
+    fn multi_process_cells_are_squares_off_the_line() {
+        let row = |callers, throughput| Row {
+            system: "postgres",
+            keys: 1,
+            workload: "claim",
+            callers,
+            ops: 1,
+            throughput,
+            claim_us: Some([100.0, 300.0, 900.0]),
+            cycle_us: None,
+            bytes_per_op: None,
+            flushes_per_op: None,
+            cpu_us_per_op: None,
+            own_cpu_us_per_op: None,
+            others_pct: 0.0,
+            fsyncs_per_op: None,
+        };
+        let multi = Callers::Processes {
+            processes: 4,
+            each: 16,
+        };
+        let rows = [
+            row(Callers::Threads(1), 10.0),
+            row(multi, 50.0),
+            row(Callers::Threads(64), 40.0),
+        ];
+        let s = svg("t", "lat", &rows, false);
+        let line = s.lines().find(|l| l.starts_with("<polyline")).unwrap();
+        assert_eq!(
+            line.matches(',').count(),
+            2,
+            "two points on the line: {line}"
+        );
+        assert_eq!(s.matches("class=\"multi\"").count(), 1);
+        assert!(s.contains(">4x16</text>"));
+        assert!(s.contains("PxC = P processes x C callers"));
+        // A system with only a multi-process cell: a square, no line.
+        let s = svg("t", "lat", &rows[1..2], false);
+        assert_eq!(s.matches("<polyline").count(), 0);
+        assert_eq!(s.matches("class=\"multi\"").count(), 1);
     }
 }

@@ -2,7 +2,7 @@
 //! summarised as ratios.
 
 use crate::measure;
-use crate::runner::{Outcome, Spec};
+use crate::runner::{Callers, Outcome, Spec};
 use std::fmt::Write;
 
 /// One cell's figures.
@@ -14,8 +14,8 @@ pub struct Row {
     pub keys: u64,
     /// Workload name.
     pub workload: &'static str,
-    /// Caller threads.
-    pub callers: usize,
+    /// Caller threads, or processes x threads (`64`, `4x16`).
+    pub callers: Callers,
     /// Requests completed in the window.
     pub ops: u64,
     /// Requests per second.
@@ -167,8 +167,11 @@ B/op: bytes written to the data directory's block device per request (/proc/disk
 flush/op: device flush (cache barrier) requests per request, same source.
 cpu_us/op: busy CPU time of the whole machine per request (/proc/stat): the harness's clients
   plus any server process, since everything runs on this one box; anything else running counts too.
-own_us/op: CPU time per request of the harness process and the postgres/redis processes only
-  (/proc/PID/stat); kernel threads doing their I/O are not in it.
+own_us/op: CPU time per request of the harness process (and its child processes in a PxC
+  cell) and the postgres/redis processes only (/proc/PID/stat); kernel threads doing their I/O
+  are not in it.
+callers: N caller threads in the harness process, or PxC: P harness processes of C caller
+  threads each, measuring the one shared server at once.
 other%: share of the machine's CPU busy with anything else (machine-wide minus own) during the
   window; a row with a high figure was measured next to other work and is suspect.
 fsync/op: the system's own commit count per request (idemdb's commit_batches), where it has one.";
@@ -196,7 +199,7 @@ pub fn csv(rows: &[Row]) -> String {
             csv_field(r.system),
             r.keys.to_string(),
             csv_field(r.workload),
-            r.callers.to_string(),
+            csv_field(&r.callers.to_string()),
             r.ops.to_string(),
             format!("{:.1}", r.throughput),
             lat(r.claim_us, 0),
@@ -223,7 +226,7 @@ fn find<'a>(
     system: &str,
     keys: u64,
     workload: &str,
-    callers: usize,
+    callers: Callers,
 ) -> Option<&'a Row> {
     rows.iter().find(|r| {
         r.system == system && r.keys == keys && r.workload == workload && r.callers == callers
@@ -236,7 +239,7 @@ pub fn ratios(rows: &[Row], peers: &[&str]) -> String {
     let mut out = String::new();
     let mut keys: Vec<u64> = rows.iter().map(|r| r.keys).collect();
     keys.dedup();
-    let mut callers: Vec<usize> = rows.iter().map(|r| r.callers).collect();
+    let mut callers: Vec<Callers> = rows.iter().map(|r| r.callers).collect();
     callers.sort_unstable();
     callers.dedup();
     for &k in &keys {
@@ -261,7 +264,7 @@ pub fn ratios(rows: &[Row], peers: &[&str]) -> String {
             }
         }
         let p50 = |s: &str| {
-            find(rows, s, k, "claim", 1)
+            find(rows, s, k, "claim", Callers::Threads(1))
                 .and_then(|r| r.claim_us)
                 .map(|v| v[0])
         };
@@ -289,7 +292,7 @@ mod tests {
             system,
             keys: 10,
             workload: "claim",
-            callers,
+            callers: Callers::Threads(callers),
             ops: 100,
             throughput,
             claim_us: Some([p50, p50 * 2.0, p50 * 3.0]),
@@ -331,6 +334,46 @@ mod tests {
         assert!(text.contains("keys 10, 1 callers, claim throughput: idemdb /sqlite 2.00x\n"));
         assert!(text.contains("/ fsync-floor 200 us = 2.00x"));
         assert!(text.contains("/ sqlite 800 us = 0.50x"));
+    }
+
+    fn multi(system: &'static str, processes: usize, each: usize, throughput: f64) -> Row {
+        Row {
+            callers: Callers::Processes { processes, each },
+            ..row(system, 0, throughput, 500.0)
+        }
+    }
+
+    #[test]
+    fn multi_process_cells_show_processes_by_callers() {
+        let r = multi("postgres", 4, 16, 7000.0);
+        let text = csv(std::slice::from_ref(&r));
+        assert!(text
+            .lines()
+            .nth(1)
+            .unwrap()
+            .starts_with("postgres,10,claim,4x16,100,"));
+        let line = table_row(&r);
+        assert_eq!(line.len(), header().lines().next().unwrap().len());
+        assert!(line.contains("    4x16 "), "{line}");
+    }
+
+    #[test]
+    fn ratios_pair_cells_of_the_same_layout_only() {
+        let rows = [
+            row("idemdb", 64, 4000.0, 400.0),
+            row("postgres", 64, 2000.0, 800.0),
+            multi("postgres", 4, 16, 1000.0),
+            multi("redis", 4, 16, 1000.0),
+            multi("idemdb", 4, 16, 8000.0),
+        ];
+        let text = ratios(&rows, &["postgres", "redis"]);
+        assert!(text.contains("keys 10, 64 callers, claim throughput: idemdb /postgres 2.00x\n"));
+        assert!(text.contains(
+            "keys 10, 4x16 callers, claim throughput: idemdb /postgres 8.00x, /redis 8.00x\n"
+        ));
+        // Without idemdb in a layout, no line for it.
+        let text = ratios(&rows[1..4], &["postgres", "redis"]);
+        assert!(text.is_empty(), "{text}");
     }
 
     #[test]

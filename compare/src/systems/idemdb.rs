@@ -44,12 +44,31 @@ impl IdemdbSystem {
         IdemdbSystem::preload(store, setup, keys, Place::Schema { url, schema })
     }
 
+    /// Connects to the schema another process created and preloaded (a multi-process cell's
+    /// parent), with the default builder as [`IdemdbSystem::connect`]: nothing is preloaded or
+    /// dropped. Its clients forget unspent tickets as the parent's do (see
+    /// `IdemdbClient::claim`).
+    pub fn attach(setup: &Setup, schema: &str) -> Result<IdemdbSystem> {
+        let Some(url) = setup.postgres.clone() else {
+            return fail("idemdb-postgres: no --postgres given");
+        };
+        let store = Store::builder().schema(schema).connect(&url)?;
+        let place = Place::Schema {
+            url,
+            schema: schema.to_owned(),
+        };
+        Ok(IdemdbSystem {
+            store,
+            scopes: scopes(),
+            payload: setup.payload.clone(),
+            place,
+        })
+    }
+
     /// Preloads `keys` completed records through the async API, with thousands of claims and
     /// completions in flight so that they commit in large batches.
     fn preload(store: Store, setup: &Setup, keys: u64, place: Place) -> Result<IdemdbSystem> {
-        let scopes: Vec<Scope> = (0..TENANTS)
-            .map(|t| Scope::new(format!("tenant_{t}"), ENDPOINT))
-            .collect();
+        let scopes = scopes();
         let payload = setup.payload.clone();
         let mut requests = setup.preload_requests();
         let started = std::time::Instant::now();
@@ -82,6 +101,13 @@ impl IdemdbSystem {
     }
 }
 
+/// The workload's scopes, one per tenant.
+fn scopes() -> Vec<Scope> {
+    (0..TENANTS)
+        .map(|t| Scope::new(format!("tenant_{t}"), ENDPOINT))
+        .collect()
+}
+
 fn drop_schema(url: &str, schema: &str) -> Result<()> {
     let mut client = postgres::Client::connect(url, postgres::NoTls)?;
     client.batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))?;
@@ -102,6 +128,13 @@ impl System for IdemdbSystem {
 
     fn fsyncs(&self) -> Option<u64> {
         Some(self.store.stats().commit_batches)
+    }
+
+    fn shared_schema(&self) -> Option<&str> {
+        match &self.place {
+            Place::Schema { schema, .. } => Some(schema),
+            Place::Dir(_) => None,
+        }
     }
 
     fn destroy(self: Box<Self>) -> Result<()> {
@@ -132,6 +165,8 @@ impl Client for IdemdbClient<'_> {
                     if s.on_postgres() {
                         // On PostgreSQL a ticket dropped unspent marks its claim an orphan
                         // with a statement of its own; the claim workload measures claims.
+                        // The same in the child processes of a multi-process cell, whose
+                        // stores `attach` to the parent's schema.
                         std::mem::forget(unspent);
                     }
                 }

@@ -28,6 +28,12 @@ pub trait System: Sync {
         None
     }
 
+    /// The PostgreSQL schema the system's data is in, for the child processes of a
+    /// multi-process cell to [`attach`] to (idemdb-postgres); `None` where the place is fixed.
+    fn shared_schema(&self) -> Option<&str> {
+        None
+    }
+
     /// Deletes the system's data (files, table or keys).
     fn destroy(self: Box<Self>) -> Result<()>;
 }
@@ -94,6 +100,13 @@ impl Kind {
     pub fn single_caller(self) -> bool {
         self == Kind::FsyncFloor
     }
+
+    /// Whether the data lives in a server every process can reach, so that several harness
+    /// processes can measure one preloaded database at once (`--callers PxC`). A file store
+    /// can only be opened by one process.
+    pub fn shared(self) -> bool {
+        matches!(self, Kind::Postgres | Kind::IdemdbPostgres | Kind::Redis)
+    }
 }
 
 /// What opening a system needs.
@@ -150,6 +163,54 @@ pub fn open(kind: Kind, setup: &Setup, keys: u64) -> Result<Box<dyn System>> {
     })
 }
 
+/// The system another process opened and preloaded (the parent of a multi-process cell), for
+/// a child process's callers: nothing is created, loaded or dropped. `schema` is where
+/// idemdb-postgres's parent put its store ([`System::shared_schema`]); `postgres` uses the
+/// existing `claims` table, `redis` the same server. The embedded systems cannot be attached
+/// to.
+pub fn attach(kind: Kind, setup: &Setup, schema: Option<&str>) -> Result<Box<dyn System>> {
+    let system: Box<dyn System> = match kind {
+        Kind::Postgres => Box::new(postgres::PostgresSystem::attach(setup)?),
+        Kind::IdemdbPostgres => {
+            let Some(schema) = schema else {
+                return fail("idemdb-postgres: attached without the parent's schema");
+            };
+            Box::new(idemdb::IdemdbSystem::attach(setup, schema)?)
+        }
+        Kind::Redis => Box::new(redis::RedisSystem::attach(setup)?),
+        _ => {
+            return fail(format!(
+                "{}: a file store can only be opened by one process",
+                kind.name()
+            ))
+        }
+    };
+    Ok(Box::new(Attached(system)))
+}
+
+/// A system attached to: the data is its opener's, so `destroy` leaves it alone.
+struct Attached(Box<dyn System>);
+
+impl System for Attached {
+    fn client(&self) -> Result<Box<dyn Client + '_>> {
+        self.0.client()
+    }
+
+    fn fsyncs(&self) -> Option<u64> {
+        self.0.fsyncs()
+    }
+
+    fn shared_schema(&self) -> Option<&str> {
+        self.0.shared_schema()
+    }
+
+    fn destroy(self: Box<Self>) -> Result<()> {
+        // Closes the connections only: the opener drops the data.
+        drop(self);
+        Ok(())
+    }
+}
+
 /// Checks that a server-backed system is reachable, so it can be skipped with a note if not;
 /// returns the server's version where there is a server.
 pub fn probe(kind: Kind, setup: &Setup) -> std::result::Result<Option<String>, String> {
@@ -170,7 +231,54 @@ pub fn probe(kind: Kind, setup: &Setup) -> std::result::Result<Option<String>, S
     }
 }
 
+/// An error's message followed by those of its sources that it does not already contain (the
+/// `postgres` crate's says only "db error"; the server's message is its source).
+pub fn describe(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let more = s.to_string();
+        if !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        source = s.source();
+    }
+    text
+}
+
 /// An error from a message.
 pub fn fail<T>(message: impl Into<String>) -> Result<T> {
     Err(message.into().into())
+}
+
+#[cfg(test)]
+mod tests {
+    #[derive(Debug)]
+    struct Outer(std::io::Error);
+
+    impl std::fmt::Display for Outer {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("db error")
+        }
+    }
+
+    impl std::error::Error for Outer {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn errors_are_described_with_their_sources() {
+        let e = Outer(std::io::Error::other(
+            "FATAL: sorry, too many clients already",
+        ));
+        assert_eq!(
+            super::describe(&e),
+            "db error: FATAL: sorry, too many clients already"
+        );
+        let plain: super::Error = "new key not acquired".into();
+        assert_eq!(super::describe(&*plain), "new key not acquired");
+    }
 }

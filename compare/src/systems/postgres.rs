@@ -95,6 +95,20 @@ impl PostgresSystem {
     }
 }
 
+impl PostgresSystem {
+    /// The `claims` table another process created and preloaded (a multi-process cell's
+    /// parent): nothing is created or loaded.
+    pub fn attach(setup: &Setup) -> Result<PostgresSystem> {
+        let Some(url) = setup.postgres.clone() else {
+            return fail("postgres: no --postgres given");
+        };
+        Ok(PostgresSystem {
+            url,
+            payload: setup.payload.clone(),
+        })
+    }
+}
+
 fn hex(bytes: &[u8]) -> String {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut out = String::with_capacity(bytes.len() * 2);

@@ -144,6 +144,20 @@ impl RedisSystem {
     }
 }
 
+impl RedisSystem {
+    /// The server another process checked and preloaded (a multi-process cell's parent):
+    /// nothing is flushed or loaded.
+    pub fn attach(setup: &Setup) -> Result<RedisSystem> {
+        let Some(addr) = setup.redis.clone() else {
+            return fail("redis: no --redis given");
+        };
+        Ok(RedisSystem {
+            addr,
+            payload: setup.payload.clone(),
+        })
+    }
+}
+
 /// Pipelined `SET key value NX PX ttl` of `keys` completed records, 10k per round trip.
 fn preload(conn: &mut Conn, setup: &Setup, keys: u64) -> Result<()> {
     let ttl = TTL_MS.to_string();
