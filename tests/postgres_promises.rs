@@ -432,3 +432,61 @@ fn a_claim_that_waited_never_takes_a_key_with_an_older_fence() {
             .unwrap();
     });
 }
+
+/// A claim statement stuck behind a row lock (another session's open transaction) holds one
+/// connection; the store's other work goes on meanwhile, on its other connections, instead of
+/// queueing behind it until the lock goes.
+#[test]
+fn a_claim_stuck_behind_a_row_lock_does_not_stall_other_keys() {
+    let _shared = SERVER.read().unwrap_or_else(|e| e.into_inner());
+    let rt = runtime();
+    let schema = schema("stuck");
+    let clock = ManualClock::new();
+    let store = Arc::new(
+        Store::builder()
+            .schema(schema.clone())
+            .ttl(Duration::from_secs(10))
+            .clock(clock.clone())
+            .connect(&url())
+            .unwrap(),
+    );
+    let fp = Fingerprint::of(b"pay");
+    let t = acquired(store.claim(&scope(), "stuck", fp));
+    store.complete(t, Response::new(200, "old")).unwrap();
+    clock.advance(Duration::from_secs(11));
+    rt.block_on(async {
+        let observer = outside(&url()).await;
+        let other = outside(&url()).await;
+        other
+            .batch_execute(&format!(
+                "BEGIN; SELECT 1 FROM {schema}.records WHERE key = 'stuck' FOR UPDATE"
+            ))
+            .await
+            .unwrap();
+        let stuck = {
+            let store = Arc::clone(&store);
+            tokio::spawn(async move { store.claim_async(&scope(), "stuck", fp).await })
+        };
+        until_a_store_statement_waits(&observer, &schema).await;
+        let scope = scope();
+        for i in 0..20 {
+            let key = format!("free-{i}");
+            let claim = store.claim_async(&scope, &key, fp);
+            match tokio::time::timeout(Duration::from_secs(5), claim).await {
+                Ok(Ok(Claim::Acquired(t))) => std::mem::forget(t),
+                Ok(other) => panic!("free-{i}: {other:?}"),
+                Err(_) => panic!("free-{i} waited for the stuck statement"),
+            }
+        }
+        assert!(!stuck.is_finished());
+        other.batch_execute("ROLLBACK").await.unwrap();
+        match stuck.await.unwrap() {
+            Ok(Claim::Acquired(t)) => std::mem::forget(t),
+            other => panic!("stuck: {other:?}"),
+        }
+        observer
+            .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
+            .await
+            .unwrap();
+    });
+}

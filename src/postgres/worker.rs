@@ -3,8 +3,9 @@
 //! jobs that queued up meanwhile into one statement per kind (group commit).
 //!
 //! One batch runs on one connection; up to `pool_size` batches run at once. A batch is taken
-//! from the queue only once a connection is free, so while every connection is busy the queue
-//! grows into the next batch: the busier the database, the larger the batches.
+//! from the queue only once a connection is free, and a second one while another runs only
+//! when enough jobs wait for it ([`MIN_CONCURRENT_BATCH`]), so while the connections are busy
+//! the queue grows into the next batch: the busier the database, the larger the batches.
 //!
 //! The statements of one batch (claims, completions, releases, ...) are sent together and run
 //! as one pipeline on the connection; each is its own transaction, committed before its callers
@@ -27,6 +28,21 @@ use tokio_postgres::{Client, NoTls, Row, Statement};
 /// How many times a batch looks again for a claim whose key another session wrote after the
 /// statement's snapshot (see [`sql::CLAIM`]) before giving up with an error.
 const MAX_CLAIM_ROUNDS: usize = 64;
+
+/// The fewest jobs that start a batch while another batch runs. Fewer wait for the running
+/// batches to end (more join them meanwhile): every statement costs the server a fixed share of
+/// CPU, so small batches side by side spend it several times where one batch would spend it
+/// once. A lone job with nothing running starts at once. Measured with `compare/` (100,000
+/// keys, 4 processes of 16 callers, claim + complete): from 1 (any free connection starts a
+/// batch) to 16, the CPU per request fell from about 350 to about 210 µs and requests/s rose
+/// from about 5,000 to 7,900; with 64 callers in one process claims stayed at about 21,000/s.
+const MIN_CONCURRENT_BATCH: usize = 16;
+
+/// How long jobs wait for a running batch to end before they start one of their own anyway:
+/// a statement stuck behind a row lock (another session's open transaction) delays the rest
+/// of the store by this much, not until the lock goes. Under load a batch takes a few
+/// milliseconds.
+const MAX_WAIT_FOR_RUNNING: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// A reply channel for one job.
 pub(crate) type Reply<T> = oneshot::Sender<Result<T>>;
@@ -256,6 +272,21 @@ pub(crate) async fn run(context: Arc<Context>, mut jobs: mpsc::UnboundedReceiver
             match jobs.try_recv() {
                 Ok(job) => batch.push(job),
                 Err(_) => break,
+            }
+        }
+        // A second batch at once only when enough work waits for one (see
+        // `MIN_CONCURRENT_BATCH`); otherwise the jobs wait for the running batches to end, and
+        // more join them meanwhile.
+        let patience = tokio::time::Instant::now() + MAX_WAIT_FOR_RUNNING;
+        while !running.is_empty() && batch.len() < MIN_CONCURRENT_BATCH.min(context.batch_limit) {
+            tokio::select! {
+                biased;
+                _ = running.join_next() => {}
+                job = jobs.recv() => match job {
+                    Some(job) => batch.push(job),
+                    None => break,
+                },
+                () = tokio::time::sleep_until(patience) => break,
             }
         }
         // A job nobody waits for (a dropped ticket's orphan mark, a withdrawal) must land
