@@ -9,6 +9,9 @@
 //!
 //! `IDEMDB_BENCH_SECONDS` sets each cell's measuring time (default 3). Prints a table: requests
 //! per second, p50 and p99 latency per request, and the statements (commits) per request.
+//! Before it: replays from the cache against first requests, and one caller's requests against
+//! a raw client's, taken in turn (`IDEMDB_BENCH_LONE` rounds, default 3000;
+//! `IDEMDB_BENCH_LONE_ONLY` stops there).
 
 use idemdb::{Claim, Fingerprint, Response, Scope, Store, StoreBuilder};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -179,6 +182,113 @@ fn replays(url: &str, schema: &str) {
     );
 }
 
+/// One caller, idemdb against a raw client, one request of each in turn, so that both see the
+/// same disk at the same moments (this machine's fsync latency drifts by tens of percent from
+/// minute to minute, which makes ratios of runs taken one after the other unreliable). The raw
+/// client is `compare/`'s: one prepared `INSERT .. ON CONFLICT DO NOTHING` per claim and one
+/// `UPDATE` per completion, on its own connection, `synchronous_commit = on`.
+fn lone_caller(url: &str, schema: &str, rounds: usize) {
+    let store = Store::builder()
+        .schema(schema)
+        .connect(url)
+        .expect("connect");
+    let scope = Scope::new("bench", "POST /v1/payments");
+    let fp = Fingerprint::of(br#"{"amount":5000}"#);
+    let response = Response::new(201, vec![b'x'; 256]);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let table = format!("{schema}_raw");
+    let (raw, claim, complete) = rt.block_on(async {
+        let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+            .await
+            .expect("connect");
+        tokio::spawn(connection);
+        client
+            .batch_execute(&format!(
+                "SET synchronous_commit = on; CREATE TABLE {table} (tenant TEXT NOT NULL, \
+                 endpoint TEXT NOT NULL, key TEXT NOT NULL, meta BYTEA NOT NULL, \
+                 response BYTEA, expires_at BIGINT NOT NULL, PRIMARY KEY (tenant, endpoint, key))"
+            ))
+            .await
+            .expect("create");
+        let claim = client
+            .prepare(&format!(
+                "INSERT INTO {table} (tenant, endpoint, key, meta, expires_at) \
+                 VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING"
+            ))
+            .await
+            .expect("prepare");
+        let complete = client
+            .prepare(&format!(
+                "UPDATE {table} SET response = $1, expires_at = $2 \
+                 WHERE tenant = $3 AND endpoint = $4 AND key = $5"
+            ))
+            .await
+            .expect("prepare");
+        (client, claim, complete)
+    });
+    let meta = vec![7u8; 64];
+    let body = vec![b'x'; 256];
+    println!();
+    println!("| 1 caller, in turn | idemdb p50 | raw p50 | idemdb / raw | idemdb p99 | raw p99 |");
+    println!("|---|---:|---:|---:|---:|---:|");
+    for with_complete in [false, true] {
+        let (mut ours, mut theirs) = (Vec::with_capacity(rounds), Vec::with_capacity(rounds));
+        for i in 0..rounds + rounds / 10 {
+            let key = format!("lone-{with_complete}-{i}");
+            let began = Instant::now();
+            let Claim::Acquired(ticket) = store.claim(&scope, &key, fp).expect("claim") else {
+                panic!("a new key is acquired")
+            };
+            if with_complete {
+                store.complete(ticket, response.clone()).expect("complete");
+            } else {
+                std::mem::forget(ticket); // as compare/ does: the claim stays in progress
+            }
+            let ours_took = began.elapsed();
+            let began = Instant::now();
+            rt.block_on(async {
+                let changed = raw
+                    .execute(&claim, &[&"bench", &"POST", &key, &meta, &1i64])
+                    .await
+                    .expect("raw claim");
+                assert_eq!(changed, 1);
+                if with_complete {
+                    raw.execute(&complete, &[&body, &2i64, &"bench", &"POST", &key])
+                        .await
+                        .expect("raw complete");
+                }
+            });
+            let theirs_took = began.elapsed();
+            // The first tenth warms both up.
+            if i >= rounds / 10 {
+                ours.push(ours_took);
+                theirs.push(theirs_took);
+            }
+        }
+        ours.sort_unstable();
+        theirs.sort_unstable();
+        let us = |d: Duration| d.as_secs_f64() * 1e6;
+        println!(
+            "| {} | {:.0} µs | {:.0} µs | {:.2}x | {:.0} µs | {:.0} µs |",
+            if with_complete {
+                "claim + complete"
+            } else {
+                "claim"
+            },
+            us(percentile(&ours, 500)),
+            us(percentile(&theirs, 500)),
+            us(percentile(&ours, 500)) / us(percentile(&theirs, 500)),
+            us(percentile(&ours, 990)),
+            us(percentile(&theirs, 990)),
+        );
+    }
+    rt.block_on(raw.batch_execute(&format!("DROP TABLE {table}")))
+        .expect("drop");
+}
+
 fn main() {
     // `cargo bench` passes `--bench`; a name filter is not supported.
     let Ok(url) = std::env::var("IDEMDB_PG_URL") else {
@@ -193,6 +303,14 @@ fn main() {
         .unwrap_or(3.0);
     let time = Duration::from_secs_f64(seconds);
     replays(&url, &format!("bench_{}_replay", std::process::id()));
+    let rounds = std::env::var("IDEMDB_BENCH_LONE")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3000);
+    lone_caller(&url, &format!("bench_{}_lone", std::process::id()), rounds);
+    if std::env::var_os("IDEMDB_BENCH_LONE_ONLY").is_some() {
+        return;
+    }
     println!();
     println!("| operation | callers | mode | requests/s | p50 | p99 | statements per request | vs grouped |");
     println!("|---|---:|---|---:|---:|---:|---:|---:|");
