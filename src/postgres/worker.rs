@@ -277,16 +277,21 @@ pub(crate) async fn run(context: Arc<Context>, mut jobs: mpsc::UnboundedReceiver
         // A second batch at once only when enough work waits for one (see
         // `MIN_CONCURRENT_BATCH`); otherwise the jobs wait for the running batches to end, and
         // more join them meanwhile.
-        let patience = tokio::time::Instant::now() + MAX_WAIT_FOR_RUNNING;
-        while !running.is_empty() && batch.len() < MIN_CONCURRENT_BATCH.min(context.batch_limit) {
-            tokio::select! {
-                biased;
-                _ = running.join_next() => {}
-                job = jobs.recv() => match job {
-                    Some(job) => batch.push(job),
-                    None => break,
-                },
-                () = tokio::time::sleep_until(patience) => break,
+        let enough = MIN_CONCURRENT_BATCH.min(context.batch_limit);
+        if !running.is_empty() && batch.len() < enough {
+            // One timer for the whole wait, not one per job that joins meanwhile.
+            let patience = tokio::time::sleep(MAX_WAIT_FOR_RUNNING);
+            tokio::pin!(patience);
+            while !running.is_empty() && batch.len() < enough {
+                tokio::select! {
+                    biased;
+                    _ = running.join_next() => {}
+                    job = jobs.recv() => match job {
+                        Some(job) => batch.push(job),
+                        None => break,
+                    },
+                    () = &mut patience => break,
+                }
             }
         }
         // A job nobody waits for (a dropped ticket's orphan mark, a withdrawal) must land
@@ -438,7 +443,14 @@ fn next_round<T>(pending: &mut Vec<T>, target: impl Fn(&T) -> &Target) -> Vec<T>
 /// One order for the keys of every batch: batches that lock rows in a common order deadlock
 /// less (and a deadlock, which undoes the statement, is retried).
 fn by_key(a: &Target, b: &Target) -> std::cmp::Ordering {
-    (&a.tenant, &a.endpoint, a.key.as_bytes()).cmp(&(&b.tenant, &b.endpoint, b.key.as_bytes()))
+    key_of(a).cmp(&key_of(b))
+}
+
+/// A key's columns as [`by_key`] orders them, borrowed.
+type KeyRef<'a> = (&'a [u8], &'a [u8], &'a [u8]);
+
+fn key_of(t: &Target) -> KeyRef<'_> {
+    (&t.tenant, &t.endpoint, t.key.as_bytes())
 }
 
 /// The key columns of a batch, as arrays.
@@ -588,9 +600,9 @@ async fn decide_round(
     }
     let mut answers: Vec<Result<Option<ClaimRow>>> = round.iter().map(|_| Ok(None)).collect();
     for row in &won {
-        let found = won_row(row).and_then(|(target, won)| {
+        let found = won_row(row).and_then(|(key, won)| {
             let at = round
-                .binary_search_by(|c| by_key(&c.0, &target))
+                .binary_search_by(|c| key_of(&c.0).cmp(&key))
                 .map_err(|_| Error::Database {
                     sqlstate: None,
                     reason: "a claim statement returned a key it was not given".into(),
@@ -723,14 +735,15 @@ fn settled(answer: &ClaimRow, fingerprint: &[u8; 32], take_over: bool) -> bool {
     !(take_over && stale && record.fingerprint.as_slice() == fingerprint.as_slice())
 }
 
-/// Reads one row of [`sql::CLAIM`]: the key it took and the claim.
-fn won_row(row: &Row) -> Result<(Target, ClaimRow)> {
+/// Reads one row of [`sql::CLAIM`]: the key it took (borrowed from the row: no copy per
+/// claim) and the claim.
+fn won_row(row: &Row) -> Result<(KeyRef<'_>, ClaimRow)> {
     let get = |e: tokio_postgres::Error| db_error(e);
-    let target = Target {
-        tenant: row.try_get(0).map_err(get)?,
-        endpoint: row.try_get(1).map_err(get)?,
-        key: row.try_get(2).map_err(get)?,
-    };
+    let key = (
+        row.try_get::<_, &[u8]>(0).map_err(get)?,
+        row.try_get::<_, &[u8]>(1).map_err(get)?,
+        row.try_get::<_, &str>(2).map_err(get)?.as_bytes(),
+    );
     let replaced = match row.try_get::<_, Option<bool>>(9).map_err(get)? {
         Some(true) => Some((
             row.try_get::<_, Option<i64>>(6)
@@ -746,7 +759,7 @@ fn won_row(row: &Row) -> Result<(Target, ClaimRow)> {
         _ => None,
     };
     Ok((
-        target,
+        key,
         ClaimRow::Won {
             fence: row.try_get(3).map_err(get)?,
             claimed_at: row.try_get(4).map_err(get)?,
