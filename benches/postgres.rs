@@ -182,11 +182,12 @@ fn replays(url: &str, schema: &str) {
     );
 }
 
-/// One caller, idemdb against a raw client, one request of each in turn, so that both see the
-/// same disk at the same moments (this machine's fsync latency drifts by tens of percent from
-/// minute to minute, which makes ratios of runs taken one after the other unreliable). The raw
-/// client is `compare/`'s: one prepared `INSERT .. ON CONFLICT DO NOTHING` per claim and one
-/// `UPDATE` per completion, on its own connection, `synchronous_commit = on`.
+/// One caller, idemdb against a raw client, one request of each in turn (each first every other
+/// round), so that both see the same disk at the same moments (this machine's fsync latency
+/// drifts by tens of percent from minute to minute, which makes ratios of runs taken one after
+/// the other unreliable). The raw client is `compare/`'s: one prepared `INSERT .. ON CONFLICT
+/// DO NOTHING` per claim and one `UPDATE` per completion, on its own connection,
+/// `synchronous_commit = on`.
 fn lone_caller(url: &str, schema: &str, rounds: usize) {
     let store = Store::builder()
         .schema(schema)
@@ -238,30 +239,43 @@ fn lone_caller(url: &str, schema: &str, rounds: usize) {
         let (mut ours, mut theirs) = (Vec::with_capacity(rounds), Vec::with_capacity(rounds));
         for i in 0..rounds + rounds / 10 {
             let key = format!("lone-{with_complete}-{i}");
-            let began = Instant::now();
-            let Claim::Acquired(ticket) = store.claim(&scope, &key, fp).expect("claim") else {
-                panic!("a new key is acquired")
-            };
-            if with_complete {
-                store.complete(ticket, response.clone()).expect("complete");
-            } else {
-                std::mem::forget(ticket); // as compare/ does: the claim stays in progress
-            }
-            let ours_took = began.elapsed();
-            let began = Instant::now();
-            rt.block_on(async {
-                let changed = raw
-                    .execute(&claim, &[&"bench", &"POST", &key, &meta, &1i64])
-                    .await
-                    .expect("raw claim");
-                assert_eq!(changed, 1);
+            let run_ours = || {
+                let began = Instant::now();
+                let Claim::Acquired(ticket) = store.claim(&scope, &key, fp).expect("claim") else {
+                    panic!("a new key is acquired")
+                };
                 if with_complete {
-                    raw.execute(&complete, &[&body, &2i64, &"bench", &"POST", &key])
-                        .await
-                        .expect("raw complete");
+                    store.complete(ticket, response.clone()).expect("complete");
+                } else {
+                    std::mem::forget(ticket); // as compare/ does: the claim stays in progress
                 }
-            });
-            let theirs_took = began.elapsed();
+                began.elapsed()
+            };
+            let run_raw = || {
+                let began = Instant::now();
+                rt.block_on(async {
+                    let changed = raw
+                        .execute(&claim, &[&"bench", &"POST", &key, &meta, &1i64])
+                        .await
+                        .expect("raw claim");
+                    assert_eq!(changed, 1);
+                    if with_complete {
+                        raw.execute(&complete, &[&body, &2i64, &"bench", &"POST", &key])
+                            .await
+                            .expect("raw complete");
+                    }
+                });
+                began.elapsed()
+            };
+            // Each goes first every other round: whichever follows the other finds the server
+            // and the disk just busy, and that should not count against one side only.
+            let (ours_took, theirs_took) = if i % 2 == 0 {
+                let ours = run_ours();
+                (ours, run_raw())
+            } else {
+                let theirs = run_raw();
+                (run_ours(), theirs)
+            };
             // The first tenth warms both up.
             if i >= rounds / 10 {
                 ours.push(ours_took);

@@ -4,7 +4,9 @@
 //! - every session commits durably (`synchronous_commit = on`) whatever the role's default;
 //! - a server running with `fsync = off` is refused, on every connection;
 //! - a statement undone by a deadlock runs again, and its claims are still made;
-//! - fences grow per key even past a claim statement that waited while a newer claim was made.
+//! - fences grow per key even past a claim statement that waited while a newer claim was made;
+//! - a session the server ends costs at most the statement it was sent, and a lone caller's own
+//!   connection (the direct lane) that the server closed while idle is replaced before use.
 //!
 //! Runs against the server `scripts/with-postgres` starts (`IDEMDB_PG_URL`). The `fsync` test
 //! changes the whole server's configuration, so it runs alone: it takes [`SERVER`] for
@@ -489,4 +491,98 @@ fn a_claim_stuck_behind_a_row_lock_does_not_stall_other_keys() {
             .await
             .unwrap();
     });
+}
+
+/// A blocking caller alone runs its statement on a connection its own thread drives (the
+/// direct lane), and that connection's task only runs while a caller is inside it. A session
+/// the server ended while the lane sat idle (an idle timeout, a restart, a failover) must be
+/// seen as closed and replaced before the next statement, not fail that caller's claim.
+#[test]
+fn a_lane_connection_the_server_closed_while_idle_is_replaced_before_use() {
+    let _shared = SERVER.read().unwrap_or_else(|e| e.into_inner());
+    let rt = runtime();
+    let schema = schema("lane_closed");
+    let store = Store::builder()
+        .schema(schema.clone())
+        .pool_size(1)
+        .connect(&url())
+        .unwrap();
+    let fp = Fingerprint::of(b"pay");
+    let t = acquired(store.claim(&scope(), "first", fp));
+    store.complete(t, Response::new(201, "charged")).unwrap();
+
+    let admin = rt.block_on(outside(&url()));
+    let sessions = format!(
+        "SELECT pid FROM pg_stat_activity
+         WHERE pid <> pg_backend_pid() AND query LIKE '%\"{schema}\".%'"
+    );
+    let ended: i64 = rt
+        .block_on(admin.query_one(
+            &format!("SELECT count(pg_terminate_backend(pid)) FROM ({sessions}) s"),
+            &[],
+        ))
+        .unwrap()
+        .get(0);
+    assert!(ended >= 1, "no session of the store to end");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !rt.block_on(admin.query(&sessions, &[])).unwrap().is_empty() {
+        assert!(Instant::now() < deadline, "the ended sessions did not go");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+
+    for i in 0..3 {
+        let t = acquired(store.claim(&scope(), &format!("after-{i}"), fp));
+        store.complete(t, Response::new(201, "charged")).unwrap();
+    }
+    match store.claim(&scope(), "first", fp) {
+        Ok(Claim::Replay(r)) => assert_eq!(r.body(), b"charged"),
+        other => panic!("the record made before the sessions ended: {other:?}"),
+    }
+    drop(store);
+    rt.block_on(admin.batch_execute(&format!("DROP SCHEMA {schema} CASCADE")))
+        .unwrap();
+}
+
+/// A server that ends a session answers the statement in flight with a `FATAL` error and then
+/// closes the socket. The next statement used to be sent on that connection before its close
+/// was read, and failed with "connection closed": two callers failed for one ended session (a
+/// third of the runs of the `fsync` test above). A `FATAL` answer now retires the connection at
+/// once, so only the statement the server ended fails.
+#[test]
+fn a_session_the_server_ends_fails_at_most_the_statement_it_was_sent() {
+    let _shared = SERVER.read().unwrap_or_else(|e| e.into_inner());
+    let rt = runtime();
+    let schema = schema("session_ended");
+    let store = Store::builder()
+        .schema(schema.clone())
+        .connect(&url())
+        .unwrap();
+    let fp = Fingerprint::of(b"pay");
+    let admin = rt.block_on(outside(&url()));
+    let end_sessions = format!(
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+         WHERE pid <> pg_backend_pid() AND query LIKE '%\"{schema}\".%'"
+    );
+    for round in 0..50 {
+        std::mem::forget(acquired(store.claim(
+            &scope(),
+            &format!("live-{round}"),
+            fp,
+        )));
+        rt.block_on(admin.execute(&end_sessions, &[])).unwrap();
+        // Sent while the session ends: it may fail.
+        match store.claim(&scope(), &format!("ending-{round}"), fp) {
+            Ok(Claim::Acquired(t)) => std::mem::forget(t),
+            Err(Error::Database { .. }) => {}
+            other => panic!("round {round}: {other:?}"),
+        }
+        // Sent after the failure was answered: on a new connection.
+        match store.claim(&scope(), &format!("after-{round}"), fp) {
+            Ok(Claim::Acquired(t)) => std::mem::forget(t),
+            other => panic!("round {round}, the claim after the ended session: {other:?}"),
+        }
+    }
+    drop(store);
+    rt.block_on(admin.batch_execute(&format!("DROP SCHEMA {schema} CASCADE")))
+        .unwrap();
 }

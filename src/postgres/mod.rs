@@ -5,6 +5,7 @@
 //! may have changed the key. The engine runs its connections on a thread of its own (see
 //! `worker.rs`), so blocking callers need no runtime and async callers any executor.
 
+mod direct;
 mod plans;
 mod schema;
 mod sql;
@@ -22,7 +23,7 @@ use crate::replay_cache::{Cached, ReplayCache};
 use crate::response::Response;
 use crate::scope::{display_scoped_key, scoped_key, scoped_key_parts, Scope};
 use crate::stats::{Counters, Stats};
-use crate::sync::{Arc, AtomicU64, Ordering};
+use crate::sync::{Arc, AtomicU64, AtomicUsize, Ordering};
 use futures_channel::oneshot;
 use std::future::Future;
 use std::sync::atomic::AtomicI64;
@@ -103,6 +104,17 @@ pub(crate) struct Shared {
     db_offset: AtomicI64,
     started: Instant,
     thread: parking_lot::Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// A lone blocking caller's own connection (`direct.rs`).
+    direct: parking_lot::Mutex<Option<direct::Lane>>,
+}
+
+/// How a caller waits for its job's answer.
+#[derive(Clone, Copy)]
+enum Caller {
+    /// Blocking its thread (it may use the direct lane).
+    Blocking,
+    /// Awaiting it (always through the queue).
+    Async,
 }
 
 /// `Shared::db_offset` before any statement answered.
@@ -119,6 +131,9 @@ impl Drop for Shared {
     fn drop(&mut self) {
         // Closing the queue ends the engine's thread once running batches finished; waiting
         // for it closes the connections before the last `Store` is gone.
+        if let Some(lane) = self.direct.get_mut().take() {
+            lane.close();
+        }
         let (closed, _) = mpsc::unbounded_channel();
         drop(std::mem::replace(&mut self.jobs, closed));
         if let Some(thread) = self.thread.lock().take() {
@@ -131,7 +146,28 @@ impl Drop for Shared {
 
 impl Shared {
     fn submit(&self, job: Job) -> Result<()> {
-        self.jobs.send(job).map_err(|_| stopped())
+        self.context.queued.fetch_add(1, Ordering::AcqRel);
+        self.jobs.send(job).map_err(|_| {
+            self.context.queued.fetch_sub(1, Ordering::AcqRel);
+            stopped()
+        })
+    }
+
+    /// Sends `job` for a caller that blocks until it is answered: run on the caller's thread
+    /// when the direct lane may take it (`direct.rs`), else through the queue.
+    fn submit_blocking(&self, job: Job) -> Result<()> {
+        match direct::try_run(&self.context, &self.direct, job) {
+            None => Ok(()),
+            Some(job) => self.submit(job),
+        }
+    }
+
+    /// [`Shared::submit`] or [`Shared::submit_blocking`].
+    fn send(&self, job: Job, caller: Caller) -> Result<()> {
+        match caller {
+            Caller::Blocking => self.submit_blocking(job),
+            Caller::Async => self.submit(job),
+        }
     }
 
     /// A ticket of this store was dropped unspent: its claim becomes an orphan (in the
@@ -159,7 +195,9 @@ impl Shared {
                 let _ = tx.send(result);
             })
         }));
+        self.context.queued.fetch_add(1, Ordering::AcqRel);
         if let Err(mpsc::error::SendError(Job::Task(task))) = self.jobs.send(job) {
+            self.context.queued.fetch_sub(1, Ordering::AcqRel);
             // The engine stopped: run the task's failure path so the receiver hears why.
             drop(task);
         }
@@ -337,6 +375,7 @@ pub(crate) fn connect(mut config: Config, url: &str) -> Result<PgStore> {
             db_offset: AtomicI64::new(UNSEEN),
             started: Instant::now(),
             thread: parking_lot::Mutex::new(Some(thread)),
+            direct: parking_lot::Mutex::new(None),
         }),
     })
 }
@@ -372,6 +411,7 @@ async fn start(
         batch_limit,
         commits: AtomicU64::new(0),
         withdrawn: AtomicU64::new(0),
+        queued: AtomicUsize::new(0),
     })
 }
 
@@ -456,13 +496,17 @@ impl PgStore {
         &self,
         key: &[u8],
         fingerprint: Fingerprint,
+        caller: Caller,
     ) -> Result<oneshot::Receiver<Result<ClaimRow>>> {
         let (reply, rx) = oneshot::channel();
-        self.shared.submit(Job::Claim {
-            target: Target::of(key),
-            fingerprint: *fingerprint.as_bytes(),
-            reply,
-        })?;
+        self.shared.send(
+            Job::Claim {
+                target: Target::of(key),
+                fingerprint: *fingerprint.as_bytes(),
+                reply,
+            },
+            caller,
+        )?;
         Ok(rx)
     }
 
@@ -496,7 +540,7 @@ impl PgStore {
         if let Some(answer) = self.cached(&scoped, fingerprint) {
             return Ok(answer);
         }
-        let row = block(self.claim_job(&scoped, fingerprint)?)?;
+        let row = block(self.claim_job(&scoped, fingerprint, Caller::Blocking)?)?;
         self.decide(scoped, fingerprint, row)
     }
 
@@ -513,7 +557,7 @@ impl PgStore {
         let mut unreceived = Unreceived {
             store: self,
             scoped: &scoped,
-            rx: Some(self.claim_job(&scoped, fingerprint)?),
+            rx: Some(self.claim_job(&scoped, fingerprint, Caller::Async)?),
         };
         let rx = unreceived.rx.as_mut().expect("set above");
         let row = rx.await.unwrap_or_else(|oneshot::Canceled| Err(stopped()));
@@ -635,6 +679,7 @@ impl PgStore {
         &self,
         ticket: Ticket,
         response: Response,
+        caller: Caller,
     ) -> Result<(Ticket, oneshot::Receiver<Result<Option<i64>>>)> {
         let fenced = self.fenced(&ticket)?;
         let size = response_size(&response);
@@ -647,13 +692,16 @@ impl PgStore {
             });
         }
         let (reply, rx) = oneshot::channel();
-        self.shared.submit(Job::Complete {
-            fenced,
-            status: i32::from(response.status),
-            headers: encode_headers(&response.headers),
-            body: response.body,
-            reply,
-        })?;
+        self.shared.send(
+            Job::Complete {
+                fenced,
+                status: i32::from(response.status),
+                headers: encode_headers(&response.headers),
+                body: response.body,
+                reply,
+            },
+            caller,
+        )?;
         Ok((ticket, rx))
     }
 
@@ -674,24 +722,31 @@ impl PgStore {
     }
 
     pub(crate) fn complete(&self, ticket: Ticket, response: Response) -> Result<()> {
-        let (ticket, rx) = self.complete_job(ticket, response)?;
+        let (ticket, rx) = self.complete_job(ticket, response, Caller::Blocking)?;
         let done = block(rx);
         self.complete_finish(ticket, done)
     }
 
     pub(crate) async fn complete_async(&self, ticket: Ticket, response: Response) -> Result<()> {
-        let (ticket, rx) = self.complete_job(ticket, response)?;
+        let (ticket, rx) = self.complete_job(ticket, response, Caller::Async)?;
         let done = answer(rx).await;
         self.complete_finish(ticket, done)
     }
 
-    fn release_job(&self, ticket: &Ticket) -> Result<oneshot::Receiver<Result<bool>>> {
+    fn release_job(
+        &self,
+        ticket: &Ticket,
+        caller: Caller,
+    ) -> Result<oneshot::Receiver<Result<bool>>> {
         let fenced = self.fenced(ticket)?;
         let (reply, rx) = oneshot::channel();
-        self.shared.submit(Job::Release {
-            fenced,
-            reply: Some(reply),
-        })?;
+        self.shared.send(
+            Job::Release {
+                fenced,
+                reply: Some(reply),
+            },
+            caller,
+        )?;
         Ok(rx)
     }
 
@@ -709,13 +764,13 @@ impl PgStore {
     }
 
     pub(crate) fn release(&self, ticket: Ticket) -> Result<()> {
-        let rx = self.release_job(&ticket)?;
+        let rx = self.release_job(&ticket, Caller::Blocking)?;
         let done = block(rx);
         self.release_finish(ticket, done)
     }
 
     pub(crate) async fn release_async(&self, ticket: Ticket) -> Result<()> {
-        let rx = self.release_job(&ticket)?;
+        let rx = self.release_job(&ticket, Caller::Async)?;
         let done = answer(rx).await;
         self.release_finish(ticket, done)
     }
@@ -724,15 +779,19 @@ impl PgStore {
         &self,
         ticket: &Ticket,
         by: Duration,
+        caller: Caller,
     ) -> Result<oneshot::Receiver<Result<Option<i64>>>> {
         let fenced = self.fenced(ticket)?;
         let (reply, rx) = oneshot::channel();
-        self.shared.submit(Job::Extend {
-            fenced,
-            by: millis_column(by),
-            orphan: false,
-            reply: Some(reply),
-        })?;
+        self.shared.send(
+            Job::Extend {
+                fenced,
+                by: millis_column(by),
+                orphan: false,
+                reply: Some(reply),
+            },
+            caller,
+        )?;
         Ok(rx)
     }
 
@@ -752,12 +811,12 @@ impl PgStore {
     }
 
     pub(crate) fn extend(&self, ticket: &Ticket, by: Duration) -> Result<()> {
-        let rx = self.extend_job(ticket, by)?;
+        let rx = self.extend_job(ticket, by, Caller::Blocking)?;
         Self::extend_finish(ticket, block(rx))
     }
 
     pub(crate) async fn extend_async(&self, ticket: &Ticket, by: Duration) -> Result<()> {
-        let rx = self.extend_job(ticket, by)?;
+        let rx = self.extend_job(ticket, by, Caller::Async)?;
         Self::extend_finish(ticket, answer(rx).await)
     }
 

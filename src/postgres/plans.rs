@@ -42,7 +42,7 @@ mod tests {
     use tokio_postgres::NoTls;
 
     /// Each hot statement, with arguments for `EXECUTE`.
-    const STATEMENTS: [(&str, &str, &str); 9] = [
+    const STATEMENTS: [(&str, &str, &str); 11] = [
         (
             "claim",
             sql::CLAIM,
@@ -52,6 +52,11 @@ mod tests {
             "claim_one",
             sql::CLAIM_ONE,
             "NULL, '\\x01', '\\x02', 'k2', '\\x03', 1000, true, 'o', 1",
+        ),
+        (
+            "claim_new",
+            sql::CLAIM_NEW,
+            "NULL, '\\x01', '\\x02', 'k3', '\\x03', 1000, 'o', 1",
         ),
         (
             "held",
@@ -64,6 +69,11 @@ mod tests {
             sql::COMPLETE,
             "NULL, '{\"\\\\x01\"}', '{\"\\\\x02\"}', '{k1}', '{5}', '{200}', '{\"\\\\x\"}', \
              '{\"\\\\x\"}', 1000",
+        ),
+        (
+            "complete_one",
+            sql::COMPLETE_ONE,
+            "NULL, '\\x01', '\\x02', 'k1', 5, 200, '\\x', '\\x', 1000",
         ),
         (
             "release",

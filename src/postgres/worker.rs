@@ -14,14 +14,14 @@
 use super::sql;
 use super::{again, db_error, Target};
 use crate::error::{Error, Result};
-use crate::sync::{AtomicU64, Ordering};
+use crate::sync::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use futures_channel::oneshot;
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use tokio::sync::{mpsc, Mutex as AsyncMutex, OwnedSemaphorePermit, Semaphore};
-use tokio_postgres::error::SqlState;
+use tokio_postgres::error::{Severity, SqlState};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, NoTls, Row, Statement};
 
@@ -135,9 +135,13 @@ pub(crate) struct ClaimParams {
 /// One connection with its prepared statements.
 pub(crate) struct Conn {
     pub(crate) client: Client,
+    /// Set when a statement failed in a way that ends the session (see [`Conn::usable`]).
+    retired: AtomicBool,
     pub(crate) claim: Statement,
     pub(crate) claim_one: Statement,
+    pub(crate) claim_new: Statement,
     pub(crate) complete: Statement,
+    pub(crate) complete_one: Statement,
     pub(crate) release: Statement,
     pub(crate) extend: Statement,
     pub(crate) abandon: Statement,
@@ -146,6 +150,29 @@ pub(crate) struct Conn {
 }
 
 impl Conn {
+    /// Whether the connection may take another statement. A server that ends a session sends a
+    /// `FATAL` error, then closes the socket; the client sees it closed only once its
+    /// connection task has read that close, which may be after the next statement was sent on
+    /// it, failing that statement too. So a `FATAL` (or `PANIC`) answer retires the connection
+    /// at once (`tests/postgres_promises.rs`: after a terminated session, one failed claim, then
+    /// a new connection).
+    pub(crate) fn usable(&self) -> bool {
+        !self.retired.load(Ordering::Relaxed) && !self.client.is_closed()
+    }
+
+    /// Notes a statement's failure: one that ends the session retires the connection.
+    fn failed(&self, e: &tokio_postgres::Error) {
+        let fatal = e.as_db_error().is_some_and(|db| {
+            matches!(
+                db.parsed_severity(),
+                Some(Severity::Fatal | Severity::Panic)
+            )
+        });
+        if fatal || e.is_closed() {
+            self.retired.store(true, Ordering::Relaxed);
+        }
+    }
+
     /// Connects and prepares every hot statement (in one pipeline).
     pub(crate) async fn open(config: &tokio_postgres::Config, schema: &str) -> Result<Conn> {
         let (client, connection) = config.connect(NoTls).await.map_err(db_error)?;
@@ -159,10 +186,12 @@ impl Conn {
         super::schema::check_durability(&client).await?;
         super::schema::make_commits_durable(&client).await?;
         super::plans::fix_plans(&client).await?;
-        let [claim, claim_one, complete, release, extend, abandon, get, held] = [
+        let texts = [
             sql::CLAIM,
             sql::CLAIM_ONE,
+            sql::CLAIM_NEW,
             sql::COMPLETE,
+            sql::COMPLETE_ONE,
             sql::RELEASE,
             sql::EXTEND,
             sql::ABANDON,
@@ -170,22 +199,19 @@ impl Conn {
             sql::HELD,
         ]
         .map(|text| super::schema::qualify(text, schema));
-        let (claim, claim_one, complete, release, extend, abandon, get, held) = tokio::try_join!(
-            client.prepare(&claim),
-            client.prepare(&claim_one),
-            client.prepare(&complete),
-            client.prepare(&release),
-            client.prepare(&extend),
-            client.prepare(&abandon),
-            client.prepare(&get),
-            client.prepare(&held),
-        )
-        .map_err(db_error)?;
+        let prepared = futures_util::future::try_join_all(texts.iter().map(|t| client.prepare(t)))
+            .await
+            .map_err(db_error)?;
+        let [claim, claim_one, claim_new, complete, complete_one, release, extend, abandon, get, held] =
+            <[Statement; 10]>::try_from(prepared).expect("one statement per text");
         Ok(Conn {
             client,
+            retired: AtomicBool::new(false),
             claim,
             claim_one,
+            claim_new,
             complete,
+            complete_one,
             release,
             extend,
             abandon,
@@ -223,11 +249,16 @@ impl Pool {
     /// An open connection for the holder of a permit.
     async fn take(&self) -> Result<Arc<Conn>> {
         while let Some(conn) = self.idle.lock().await.pop() {
-            if !conn.client.is_closed() {
+            if conn.usable() {
                 return Ok(conn);
             }
         }
         Ok(Arc::new(Conn::open(&self.config, &self.schema).await?))
+    }
+
+    /// A new connection, outside the pool's count (the direct lane's).
+    pub(crate) async fn connect(&self) -> Result<Conn> {
+        Conn::open(&self.config, &self.schema).await
     }
 
     /// Opens one connection now, so that a store that connected can reach its database.
@@ -238,7 +269,7 @@ impl Pool {
     }
 
     async fn give_back(&self, conn: Arc<Conn>) {
-        if !conn.client.is_closed() {
+        if conn.usable() {
             self.idle.lock().await.push(conn);
         }
     }
@@ -257,6 +288,9 @@ pub(crate) struct Context {
     pub(crate) batch_limit: usize,
     /// Claims withdrawn here because their reply found nobody to receive it.
     pub(crate) withdrawn: AtomicU64,
+    /// Jobs sent to the engine's thread whose batch has not ended: while any are, every
+    /// operation goes through the queue (see [`super::direct`]).
+    pub(crate) queued: AtomicUsize,
 }
 
 /// Runs until every sender of `jobs` is gone, then lets running batches finish.
@@ -331,7 +365,7 @@ type ExtendItem = (Fenced, i64, bool, Option<Reply<Option<i64>>>);
 
 /// The jobs of one batch, by kind.
 #[derive(Default)]
-struct Sorted {
+pub(crate) struct Sorted {
     claims: Vec<(Target, [u8; 32], Reply<ClaimRow>)>,
     completes: Vec<CompleteItem>,
     releases: Vec<(Fenced, Option<Reply<bool>>)>,
@@ -341,37 +375,57 @@ struct Sorted {
 }
 
 async fn run_batch(context: &Context, batch: Vec<Job>) {
-    let mut sorted = Sorted::default();
-    for job in batch {
-        match job {
-            Job::Claim {
-                target,
-                fingerprint,
-                reply,
-            } => sorted.claims.push((target, fingerprint, reply)),
-            Job::Complete {
-                fenced,
-                status,
-                headers,
-                body,
-                reply,
-            } => sorted
-                .completes
-                .push((fenced, status, headers, body, reply)),
-            Job::Release { fenced, reply } => sorted.releases.push((fenced, reply)),
-            Job::Extend {
-                fenced,
-                by,
-                orphan,
-                reply,
-            } => sorted.extends.push((fenced, by, orphan, reply)),
-            Job::Abandon { fenced } => sorted.abandons.push(fenced),
-            Job::Barrier => {}
-            Job::Task(task) => sorted.tasks.push(task),
-        }
+    let jobs = batch.len();
+    let sorted = Sorted::of(batch);
+    let conn = context.pool.take().await;
+    let given = conn.as_ref().ok().map(Arc::clone);
+    run_sorted(context, conn, sorted).await;
+    if let Some(conn) = given {
+        context.pool.give_back(conn).await;
     }
+    context.queued.fetch_sub(jobs, Ordering::Release);
+}
+
+impl Sorted {
+    pub(crate) fn of(batch: Vec<Job>) -> Sorted {
+        let mut sorted = Sorted::default();
+        for job in batch {
+            match job {
+                Job::Claim {
+                    target,
+                    fingerprint,
+                    reply,
+                } => sorted.claims.push((target, fingerprint, reply)),
+                Job::Complete {
+                    fenced,
+                    status,
+                    headers,
+                    body,
+                    reply,
+                } => sorted
+                    .completes
+                    .push((fenced, status, headers, body, reply)),
+                Job::Release { fenced, reply } => sorted.releases.push((fenced, reply)),
+                Job::Extend {
+                    fenced,
+                    by,
+                    orphan,
+                    reply,
+                } => sorted.extends.push((fenced, by, orphan, reply)),
+                Job::Abandon { fenced } => sorted.abandons.push(fenced),
+                Job::Barrier => {}
+                Job::Task(task) => sorted.tasks.push(task),
+            }
+        }
+        sorted
+    }
+}
+
+/// Runs the jobs of a batch on `conn` (or answers them all with the error that kept it from
+/// opening).
+pub(crate) async fn run_sorted(context: &Context, conn: Result<Arc<Conn>>, mut sorted: Sorted) {
     let tasks = std::mem::take(&mut sorted.tasks);
-    let conn = match context.pool.take().await {
+    let conn = match conn {
         Ok(conn) => conn,
         Err(e) => {
             for task in tasks {
@@ -395,7 +449,6 @@ async fn run_batch(context: &Context, batch: Vec<Job>) {
             }
         },
     );
-    context.pool.give_back(conn).await;
 }
 
 /// Answers every job of a batch that could not get a connection.
@@ -472,12 +525,12 @@ async fn claims(
     mut pending: Vec<(Target, [u8; 32], Reply<ClaimRow>)>,
 ) {
     let p = &context.params;
-    for _ in 0..MAX_CLAIM_ROUNDS {
+    for round_number in 0..MAX_CLAIM_ROUNDS {
         if pending.is_empty() {
             return;
         }
         let round = next_round(&mut pending, |c| &c.0);
-        let answers = match decide_round(context, conn, &round).await {
+        let answers = match decide_round(context, conn, &round, round_number == 0).await {
             Ok(answers) => answers,
             Err(e) => {
                 for (.., reply) in round.into_iter().chain(pending) {
@@ -550,35 +603,42 @@ async fn claims(
 /// `round`'s order: `Ok(None)` when the key must be claimed again (its record is gone or
 /// claimable by the time it was read). `Err` only if the claim statement failed: a failed
 /// read fails the keys it was for, never the claims that were won.
+///
+/// A lone key's `first` round only inserts ([`sql::CLAIM_NEW`]): a record it finds is read,
+/// and if that record is claimable the key is claimed by the next round's full statement.
 async fn decide_round(
     context: &Context,
     conn: &Conn,
     round: &[(Target, [u8; 32], Reply<ClaimRow>)],
+    first: bool,
 ) -> Result<Vec<Result<Option<ClaimRow>>>> {
     let p = &context.params;
     let adjust = (context.adjust)();
+    let new = first && round.len() == 1;
     let won = if let [(target, fingerprint, _)] = round {
-        query(
-            &conn.client,
-            &conn.claim_one,
-            &[
-                &adjust,
-                &target.tenant,
-                &target.endpoint,
-                &target.key,
-                &fingerprint.as_slice(),
-                &p.lease_ms,
-                &p.take_over,
-                &p.owner,
-                &p.incarnation,
-            ],
-        )
-        .await
+        let fingerprint = fingerprint.as_slice();
+        let mut params: Vec<&(dyn ToSql + Sync)> = vec![
+            &adjust,
+            &target.tenant,
+            &target.endpoint,
+            &target.key,
+            &fingerprint,
+            &p.lease_ms,
+        ];
+        // `CLAIM_NEW` never takes over: it has no `$7` flag.
+        let statement = if new {
+            &conn.claim_new
+        } else {
+            params.push(&p.take_over);
+            &conn.claim_one
+        };
+        params.extend([&p.owner as &(dyn ToSql + Sync), &p.incarnation]);
+        query(conn, statement, &params).await
     } else {
         let (tenants, endpoints, keys) = columns(round.iter().map(|c| &c.0));
         let fingerprints: Vec<&[u8]> = round.iter().map(|c| c.1.as_slice()).collect();
         query(
-            &conn.client,
+            conn,
             &conn.claim,
             &[
                 &adjust,
@@ -600,15 +660,19 @@ async fn decide_round(
     }
     let mut answers: Vec<Result<Option<ClaimRow>>> = round.iter().map(|_| Ok(None)).collect();
     for row in &won {
-        let found = won_row(row).and_then(|(key, won)| {
-            let at = round
-                .binary_search_by(|c| key_of(&c.0).cmp(&key))
-                .map_err(|_| Error::Database {
-                    sqlstate: None,
-                    reason: "a claim statement returned a key it was not given".into(),
-                })?;
-            Ok((at, won))
-        });
+        let found = if new {
+            new_row(row, p.lease_ms).map(|won| (0, won))
+        } else {
+            won_row(row).and_then(|(key, won)| {
+                let at = round
+                    .binary_search_by(|c| key_of(&c.0).cmp(&key))
+                    .map_err(|_| Error::Database {
+                        sqlstate: None,
+                        reason: "a claim statement returned a key it was not given".into(),
+                    })?;
+                Ok((at, won))
+            })
+        };
         match found {
             Ok((at, won)) => answers[at] = Ok(Some(won)),
             // A row that cannot be read: its claim stays in progress until its lease ends,
@@ -630,7 +694,7 @@ async fn decide_round(
     let read = if let [only] = unanswered.as_slice() {
         let target = &round[*only].0;
         query(
-            &conn.client,
+            conn,
             &conn.get,
             &[
                 &adjust,
@@ -645,7 +709,7 @@ async fn decide_round(
     } else {
         let (tenants, endpoints, keys) = columns(unanswered.iter().map(|&i| &round[i].0));
         query(
-            &conn.client,
+            conn,
             &conn.held,
             &[
                 &adjust,
@@ -769,6 +833,18 @@ fn won_row(row: &Row) -> Result<(KeyRef<'_>, ClaimRow)> {
     ))
 }
 
+/// Reads the row of [`sql::CLAIM_NEW`]: a fresh claim, its lease `lease_ms` long.
+fn new_row(row: &Row, lease_ms: i64) -> Result<ClaimRow> {
+    let fence = row.try_get(0).map_err(db_error)?;
+    let claimed_at: i64 = row.try_get(1).map_err(db_error)?;
+    Ok(ClaimRow::Won {
+        fence,
+        claimed_at,
+        lease_until: claimed_at.saturating_add(lease_ms),
+        replaced: None,
+    })
+}
+
 /// Reads one row of [`sql::GET`] or [`sql::HELD`]: the database's time and the key's record,
 /// if it has one.
 pub(crate) fn record_row(row: &Row) -> Result<(i64, Option<Held>)> {
@@ -806,7 +882,7 @@ async fn withdraw(context: &Context, conn: &Conn, target: &Target, fence: i64, t
     let fences = vec![fence];
     let result = if takeover {
         execute(
-            &conn.client,
+            conn,
             &conn.extend,
             &[
                 &(context.adjust)(),
@@ -820,12 +896,7 @@ async fn withdraw(context: &Context, conn: &Conn, target: &Target, fence: i64, t
         )
         .await
     } else {
-        execute(
-            &conn.client,
-            &conn.release,
-            &[&tenant, &endpoint, &key, &fences],
-        )
-        .await
+        execute(conn, &conn.release, &[&tenant, &endpoint, &key, &fences]).await
     };
     // A failure leaves the claim to its lease, as a crash would.
     let _ = result;
@@ -835,27 +906,47 @@ async fn withdraw(context: &Context, conn: &Conn, target: &Target, fence: i64, t
 async fn completes(context: &Context, conn: &Conn, mut pending: Vec<CompleteItem>) {
     while !pending.is_empty() {
         let batch = next_round(&mut pending, |c| &c.0 .0);
-        let (tenants, endpoints, keys) = columns(batch.iter().map(|c| &c.0 .0));
-        let fences: Vec<i64> = batch.iter().map(|c| c.0 .1).collect();
-        let statuses: Vec<i32> = batch.iter().map(|c| c.1).collect();
-        let headers: Vec<&[u8]> = batch.iter().map(|c| c.2.as_slice()).collect();
-        let bodies: Vec<&[u8]> = batch.iter().map(|c| c.3.as_slice()).collect();
-        let result = query(
-            &conn.client,
-            &conn.complete,
-            &[
-                &(context.adjust)(),
-                &tenants,
-                &endpoints,
-                &keys,
-                &fences,
-                &statuses,
-                &headers,
-                &bodies,
-                &context.params.ttl_ms,
-            ],
-        )
-        .await;
+        let adjust = (context.adjust)();
+        let result = if let [((target, fence), status, headers, body, _)] = batch.as_slice() {
+            query(
+                conn,
+                &conn.complete_one,
+                &[
+                    &adjust,
+                    &target.tenant,
+                    &target.endpoint,
+                    &target.key,
+                    fence,
+                    status,
+                    &headers.as_slice(),
+                    &body.as_slice(),
+                    &context.params.ttl_ms,
+                ],
+            )
+            .await
+        } else {
+            let (tenants, endpoints, keys) = columns(batch.iter().map(|c| &c.0 .0));
+            let fences: Vec<i64> = batch.iter().map(|c| c.0 .1).collect();
+            let statuses: Vec<i32> = batch.iter().map(|c| c.1).collect();
+            let headers: Vec<&[u8]> = batch.iter().map(|c| c.2.as_slice()).collect();
+            let bodies: Vec<&[u8]> = batch.iter().map(|c| c.3.as_slice()).collect();
+            query(
+                conn,
+                &conn.complete,
+                &[
+                    &adjust,
+                    &tenants,
+                    &endpoints,
+                    &keys,
+                    &fences,
+                    &statuses,
+                    &headers,
+                    &bodies,
+                    &context.params.ttl_ms,
+                ],
+            )
+            .await
+        };
         context.commits.fetch_add(1, Ordering::Relaxed);
         let done = fenced_rows(result);
         for (fenced, .., reply) in batch {
@@ -872,18 +963,14 @@ async fn releases(context: &Context, conn: &Conn, mut pending: Vec<(Fenced, Opti
         let batch = next_round(&mut pending, |c| &c.0 .0);
         let (tenants, endpoints, keys) = columns(batch.iter().map(|c| &c.0 .0));
         let fences: Vec<i64> = batch.iter().map(|c| c.0 .1).collect();
-        let result = query(
-            &conn.client,
-            &conn.release,
-            &[&tenants, &endpoints, &keys, &fences],
-        )
-        .await
-        .map(|rows| {
-            rows.iter()
-                .map(|r| r.get::<_, i64>(0))
-                .collect::<std::collections::HashSet<_>>()
-        })
-        .map_err(db_error);
+        let result = query(conn, &conn.release, &[&tenants, &endpoints, &keys, &fences])
+            .await
+            .map(|rows| {
+                rows.iter()
+                    .map(|r| r.get::<_, i64>(0))
+                    .collect::<std::collections::HashSet<_>>()
+            })
+            .map_err(db_error);
         context.commits.fetch_add(1, Ordering::Relaxed);
         for (fenced, reply) in batch {
             if let Some(reply) = reply {
@@ -906,7 +993,7 @@ async fn extends(context: &Context, conn: &Conn, pending: Vec<ExtendItem>) {
             let fences: Vec<i64> = batch.iter().map(|c| c.0 .1).collect();
             let by: Vec<i64> = batch.iter().map(|c| c.1).collect();
             let result = query(
-                &conn.client,
+                conn,
                 &conn.extend,
                 &[
                     &(context.adjust)(),
@@ -939,12 +1026,7 @@ async fn abandons(conn: &Conn, mut pending: Vec<Fenced>) {
         let (tenants, endpoints, keys) = columns(batch.iter().map(|c| &c.0));
         let fences: Vec<i64> = batch.iter().map(|c| c.1).collect();
         // A failure leaves the claim in progress until its lease ends, as a crash would.
-        let _ = execute(
-            &conn.client,
-            &conn.abandon,
-            &[&tenants, &endpoints, &keys, &fences],
-        )
-        .await;
+        let _ = execute(conn, &conn.abandon, &[&tenants, &endpoints, &keys, &fences]).await;
     }
 }
 
@@ -981,26 +1063,34 @@ where
 
 /// Runs a statement for its rows, again while it fails without effect.
 pub(crate) async fn query<T>(
-    client: &Client,
+    conn: &Conn,
     statement: &T,
     params: &[&(dyn ToSql + Sync)],
 ) -> std::result::Result<Vec<Row>, tokio_postgres::Error>
 where
     T: ?Sized + tokio_postgres::ToStatement,
 {
-    retrying(|| client.query(statement, params)).await
+    let result = retrying(|| conn.client.query(statement, params)).await;
+    if let Err(e) = &result {
+        conn.failed(e);
+    }
+    result
 }
 
 /// Runs a statement for the number of rows it changed, again while it fails without effect.
 pub(crate) async fn execute<T>(
-    client: &Client,
+    conn: &Conn,
     statement: &T,
     params: &[&(dyn ToSql + Sync)],
 ) -> std::result::Result<u64, tokio_postgres::Error>
 where
     T: ?Sized + tokio_postgres::ToStatement,
 {
-    retrying(|| client.execute(statement, params)).await
+    let result = retrying(|| conn.client.execute(statement, params)).await;
+    if let Err(e) = &result {
+        conn.failed(e);
+    }
+    result
 }
 
 /// The time each row a statement returned carries, by its fence.
