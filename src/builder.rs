@@ -167,6 +167,28 @@ impl StoreBuilder {
         self
     }
 
+    /// How a store file comes back after a failed write or sync halted it (every operation
+    /// then answers [`crate::Error::Halted`], HTTP 503): it reopens itself in place, from what
+    /// the disk holds, first `delay` after an operation finds it halted, then at doubling
+    /// intervals up to 10 s while the disk still fails. `None` keeps it halted until the
+    /// process opens it again. Default: 100 ms.
+    ///
+    /// A heal is what a restart would do, without one: the halted store closes its files,
+    /// their page cache is dropped (`posix_fadvise(POSIX_FADV_DONTNEED)` on Linux, so that
+    /// pages a failed `fdatasync` left behind are read from the disk again), and the store
+    /// opens them as at startup (replaying the journal, rebuilding the index). Every
+    /// acknowledged operation is there after it; an operation whose call failed may or may
+    /// not be, as after a crash; tickets issued before it are fenced off (`LeaseLost`; their
+    /// claims are orphans: taken over once their lease runs out, or reaped). See `docs/design.md`.
+    ///
+    /// Not used by stores in memory (they cannot fail that way) or on PostgreSQL (whose
+    /// connections are reopened anyway).
+    pub fn heal_after(mut self, delay: Option<Duration>) -> Self {
+        self.config.heal_after = delay;
+        self.config.heal_set = true;
+        self
+    }
+
     /// The clock leases and TTLs read. Default: [`crate::SystemClock`]. Tests pass a
     /// [`crate::ManualClock`].
     pub fn clock(mut self, clock: impl Clock) -> Self {
@@ -265,7 +287,13 @@ impl StoreBuilder {
     /// [`crate::Error::UnsupportedFormat`] for a file of another format version;
     /// [`crate::Error::Io`] for the operating system's errors.
     pub fn open(self, path: impl AsRef<Path>) -> Result<Store> {
-        crate::file::open::file(self.config, path.as_ref()).map(Store::file)
+        let path = path.as_ref();
+        let store = crate::file::open::file(self.config.clone(), path)?;
+        Ok(Store::file(crate::file::heal::Healing::new(
+            store,
+            crate::file::heal::Source::File(path.to_owned()),
+            self.config,
+        )))
     }
 
     /// A store held in memory only, for tests: same semantics, nothing survives the process.
@@ -273,7 +301,13 @@ impl StoreBuilder {
     /// # Errors
     /// Only if the storage engine fails to initialise, which it does not in memory.
     pub fn in_memory(self) -> Result<Store> {
-        crate::file::open::in_memory(self.config).map(Store::file)
+        crate::file::open::in_memory(self.config.clone()).map(|store| {
+            Store::file(crate::file::heal::Healing::new(
+                store,
+                crate::file::heal::Source::Memory,
+                self.config,
+            ))
+        })
     }
 
     /// Opens the store on a simulated disk. For idemdb's own crash tests and fuzzing only:
@@ -283,7 +317,16 @@ impl StoreBuilder {
     /// As [`StoreBuilder::open`].
     #[cfg(any(test, fuzzing, feature = "simulation"))]
     #[doc(hidden)]
-    pub fn open_simulated(self, disk: &crate::simulation::SimDisk) -> Result<Store> {
-        crate::file::open::simulated(self.config, disk).map(Store::file)
+    pub fn open_simulated(mut self, disk: &crate::simulation::SimDisk) -> Result<Store> {
+        if !self.config.heal_set {
+            // The crash tests count on a halted store staying halted.
+            self.config.heal_after = None;
+        }
+        let store = crate::file::open::simulated(self.config.clone(), disk)?;
+        Ok(Store::file(crate::file::heal::Healing::new(
+            store,
+            crate::file::heal::Source::Simulated(disk.clone()),
+            self.config,
+        )))
     }
 }

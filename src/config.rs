@@ -64,6 +64,12 @@ pub(crate) struct Config {
     /// is the time unless a clock was injected (for tests), whose time then replaces it for
     /// this store's statements (see `docs/postgres.md`).
     pub(crate) clock_injected: bool,
+    /// A store file halted by a failed write or sync reopens itself this long after an
+    /// operation first finds it halted (then at doubling intervals); `None`: it stays halted.
+    pub(crate) heal_after: Option<Duration>,
+    /// Whether [`crate::StoreBuilder::heal_after`] set `heal_after` (a store on the simulated
+    /// disk heals only then).
+    pub(crate) heal_set: bool,
     /// PostgreSQL: the schema holding the store's tables.
     #[cfg(feature = "postgres")]
     pub(crate) schema: String,
@@ -93,6 +99,8 @@ impl Default for Config {
             page_check: PageCheck::Verify,
             clock: Arc::new(SystemClock),
             clock_injected: false,
+            heal_after: Some(Duration::from_millis(100)),
+            heal_set: false,
             #[cfg(feature = "postgres")]
             schema: String::from("idemdb"),
             #[cfg(feature = "postgres")]

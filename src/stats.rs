@@ -34,6 +34,9 @@ pub struct Stats {
     pub checkpoints: u64,
     /// Records in the index now (in progress or completed, expired ones not yet purged included).
     pub live_records: u64,
+    /// Times the store reopened itself after a failed write or sync had halted it
+    /// ([`crate::StoreBuilder::heal_after`]); always 0 on PostgreSQL.
+    pub heals: u64,
 }
 
 #[derive(Debug, Default)]
@@ -48,6 +51,11 @@ pub(crate) struct Counters {
     pub(crate) reaped: AtomicU64,
     pub(crate) withdrawn: AtomicU64,
     pub(crate) purged: AtomicU64,
+    pub(crate) heals: AtomicU64,
+    /// Commit batches and checkpoints of the stores a heal replaced, so that the figures keep
+    /// counting across a heal.
+    pub(crate) batches_before: AtomicU64,
+    pub(crate) checkpoints_before: AtomicU64,
 }
 
 impl Counters {
@@ -73,9 +81,10 @@ impl Counters {
             reaped: get(&self.reaped),
             withdrawn: get(&self.withdrawn),
             purged: get(&self.purged),
-            commit_batches,
-            checkpoints,
+            commit_batches: commit_batches + get(&self.batches_before),
+            checkpoints: checkpoints + get(&self.checkpoints_before),
             live_records,
+            heals: get(&self.heals),
         }
     }
 }

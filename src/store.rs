@@ -5,7 +5,7 @@
 
 use crate::claim::{Claim, Entry, Resolution, StaleClaim, Ticket};
 use crate::error::Result;
-use crate::file::FileStore;
+use crate::file::heal::Healing;
 use crate::fingerprint::Fingerprint;
 use crate::response::Response;
 use crate::scope::Scope;
@@ -50,7 +50,7 @@ pub struct Store {
 /// The engine a store runs on.
 #[derive(Clone, Debug)]
 pub(crate) enum Engine {
-    File(FileStore),
+    File(Healing),
     #[cfg(feature = "postgres")]
     Postgres(crate::postgres::PgStore),
 }
@@ -59,7 +59,10 @@ pub(crate) enum Engine {
 macro_rules! dispatch {
     ($store:expr, $e:ident => $call:expr) => {
         match &$store.engine {
-            Engine::File($e) => $call,
+            Engine::File(healing) => {
+                let $e = &healing.current();
+                $call
+            }
             #[cfg(feature = "postgres")]
             Engine::Postgres($e) => $call,
         }
@@ -67,7 +70,7 @@ macro_rules! dispatch {
 }
 
 impl Store {
-    pub(crate) fn file(store: FileStore) -> Store {
+    pub(crate) fn file(store: Healing) -> Store {
         Store {
             engine: Engine::File(store),
         }

@@ -1,7 +1,7 @@
 //! Every synchronisation primitive the crate uses, imported from one place so that a model
 //! checker or a different lock implementation can be swapped in here alone.
 
-pub(crate) use parking_lot::{Condvar, Mutex, MutexGuard};
+pub(crate) use parking_lot::{Condvar, Mutex, MutexGuard, RwLock};
 #[cfg(feature = "postgres")]
 pub(crate) use std::sync::atomic::AtomicUsize;
 pub(crate) use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

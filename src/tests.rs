@@ -176,10 +176,11 @@ fn replay_of_a_record_missing_from_the_file_is_corruption_not_a_hang() {
     use crate::file::index::{Slot, SlotState};
     let store = Store::in_memory().unwrap();
     #[allow(irrefutable_let_patterns)]
-    let crate::store::Engine::File(file) = &store.engine
+    let crate::store::Engine::File(healing) = &store.engine
     else {
         unreachable!("an in-memory store is a file engine")
     };
+    let file = healing.current();
     let key = file
         .inner
         .index

@@ -14,13 +14,14 @@
 //! Invariants:
 //! - an op's sequence number is below `durable` only once the batch holding it is fsynced;
 //! - after a failed commit the pipeline is halted: queued and later ops fail, and nothing is
-//!   acknowledged again until the store is reopened (fail-stop; redb also refuses further writes
-//!   after an I/O error).
+//!   acknowledged again through it (fail-stop; redb also refuses further writes after an I/O
+//!   error). The store heals by reopening the file into a new pipeline (`heal.rs`), once this
+//!   one has let go of its files ([`Pipeline::release_files`]).
 
 use crate::error::{Error, Result};
 use crate::file::disk::{write_batch, Commit, Op};
 use crate::file::journal::{Appended, Journal};
-use crate::sync::{Arc, AtomicBool, AtomicU64, Condvar, Mutex, MutexGuard, Ordering};
+use crate::sync::{Arc, AtomicBool, AtomicU64, Condvar, Mutex, MutexGuard, Ordering, RwLock};
 use redb::Database;
 use std::future::Future;
 use std::pin::Pin;
@@ -28,8 +29,9 @@ use std::sync::{Once, Weak};
 use std::task::{Context, Poll, Waker};
 
 pub(crate) struct Pipeline {
-    /// `None` only while dropping (see `Drop`).
-    db: Option<Database>,
+    /// `None` once released after a halt ([`Pipeline::release_files`]) and while dropping. A
+    /// read or a commit holds it shared for its duration.
+    db: RwLock<Option<Database>>,
     /// A commit panicked inside redb, leaving its locks poisoned.
     poisoned: AtomicBool,
     state: Mutex<State>,
@@ -126,7 +128,7 @@ impl Pipeline {
     ) -> Pipeline {
         let checkpoints = Arc::new(AtomicU64::new(0));
         Pipeline {
-            db: Some(db),
+            db: RwLock::new(Some(db)),
             poisoned: AtomicBool::new(false),
             state: Mutex::new(State {
                 queue: Vec::new(),
@@ -153,22 +155,80 @@ impl Pipeline {
         }
     }
 
-    fn db(&self) -> &Database {
-        self.db
-            .as_ref()
-            .expect("the database lives as long as the pipeline")
-    }
-
     /// Runs a read of the file. A panic inside redb (it panics on some damaged pages it had not
     /// read before) becomes [`Error::Corrupted`] for this caller, and the file is leaked rather
     /// than dropped when the store closes (redb's `Drop` would panic again on its poisoned
     /// locks).
+    ///
+    /// # Errors
+    /// [`Error::Halted`] once the files were released; the read's own errors.
     pub(crate) fn read<T>(&self, read: impl FnOnce(&Database) -> Result<T>) -> Result<T> {
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| read(self.db()))).unwrap_or_else(
+        let db = self.db.read();
+        let Some(db) = db.as_ref() else {
+            return Err(self.halted_error());
+        };
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| read(db))).unwrap_or_else(
             |panic| {
                 self.poisoned.store(true, Ordering::Release);
                 Err(crate::error::storage_panic(panic))
             },
+        )
+    }
+
+    /// Whether a commit failed: nothing is acknowledged through this pipeline again.
+    pub(crate) fn is_halted(&self) -> bool {
+        self.halted.load(Ordering::Acquire)
+    }
+
+    /// Whether redb panicked during a read or a commit: its file cannot be closed (see
+    /// `Drop`), so it stays open, and locked, until the process exits.
+    pub(crate) fn is_poisoned(&self) -> bool {
+        self.poisoned.load(Ordering::Acquire)
+    }
+
+    /// After a halt, closes the store file and the journal, so that they can be opened again
+    /// (redb locks its file while open). Waits for running reads; later reads fail with
+    /// [`Error::Halted`]. Returns whether the files are closed: not if the pipeline is not
+    /// halted, or is poisoned (then the file stays open).
+    pub(crate) fn release_files(&self) -> bool {
+        if !self.is_halted() || self.is_poisoned() {
+            return false;
+        }
+        let mut s = self.state.lock();
+        while s.committing {
+            let batch = s.batch;
+            self.done[parity(batch)].wait(&mut s);
+        }
+        // The journal's file handle goes with the writer; the pipeline never leads again.
+        drop(s.writer.take());
+        drop(s);
+        let Some(db) = self.db.write().take() else {
+            return true;
+        };
+        // redb may try to write as it closes; the disk may still fail, and nothing here is
+        // acknowledged. A panic in its `Drop` must not take the healer down.
+        let closed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(db)));
+        if closed.is_err() {
+            self.poisoned.store(true, Ordering::Release);
+        }
+        true
+    }
+
+    /// Adds `note` to the cause every later `Halted` error gives.
+    pub(crate) fn note_on_halt(&self, note: &str) {
+        if let Some(cause) = &mut self.state.lock().halted {
+            cause.push_str("; ");
+            cause.push_str(note);
+        }
+    }
+
+    fn halted_error(&self) -> Error {
+        halted(
+            self.state
+                .lock()
+                .halted
+                .as_deref()
+                .unwrap_or("the store file was closed"),
         )
     }
 
@@ -276,15 +336,17 @@ impl Pipeline {
         let upto = s.next;
         let mut writer = s.writer.take().expect("one leader at a time");
         let result = MutexGuard::unlocked(s, || {
+            let db = self.db.read();
+            let Some(db) = db.as_ref() else {
+                return Err(halted("the store file was closed"));
+            };
             // A panic inside redb (damaged pages) fails the batch and halts the store like any
             // failed commit, instead of escaping into the caller that happened to lead.
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                writer.commit(self.db(), &batch)
-            }))
-            .unwrap_or_else(|panic| {
-                self.poisoned.store(true, Ordering::Release);
-                Err(crate::error::storage_panic(panic))
-            })
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| writer.commit(db, &batch)))
+                .unwrap_or_else(|panic| {
+                    self.poisoned.store(true, Ordering::Release);
+                    Err(crate::error::storage_panic(panic))
+                })
         });
         s.writer = Some(writer);
         s.committing = false;
@@ -440,7 +502,7 @@ impl Drop for Pipeline {
                 let _ = self.lead(&mut s);
             }
             if s.halted.is_none() && !s.committing {
-                if let (Some(writer), Some(db)) = (s.writer.as_mut(), self.db.as_ref()) {
+                if let (Some(writer), Some(db)) = (s.writer.as_mut(), self.db.get_mut().as_ref()) {
                     let closed =
                         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| writer.close(db)));
                     if closed.is_err() {
@@ -450,7 +512,9 @@ impl Drop for Pipeline {
             }
         }
         self.flusher.shut_down();
-        let Some(db) = self.db.take() else { return };
+        let Some(db) = self.db.get_mut().take() else {
+            return;
+        };
         if self.poisoned.load(Ordering::Acquire) || std::thread::panicking() {
             // redb's own Drop unwraps locks a panic inside it poisoned, and would panic again
             // (while unwinding: an abort): leak it, and the process keeps the file open until it

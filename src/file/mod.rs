@@ -8,6 +8,7 @@ pub(crate) mod commit;
 pub(crate) mod disk;
 #[cfg(feature = "postgres")]
 pub(crate) mod export;
+pub(crate) mod heal;
 pub(crate) mod index;
 pub(crate) mod journal;
 pub(crate) mod maintenance;

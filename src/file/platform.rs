@@ -43,3 +43,21 @@ pub(crate) fn sync_parent_dir(path: &Path) -> io::Result<()> {
     };
     File::open(parent)?.sync_all()
 }
+
+/// Drops the page cache of the file at `path` (nothing if there is no such file), so that the
+/// next reads come from the disk: `posix_fadvise(POSIX_FADV_DONTNEED)` on Linux. After a failed
+/// `fdatasync` the pages that did not reach the disk are clean, and this evicts them; dirty
+/// pages are only queued for writing. Other systems keep their cache (a heal there reads what a
+/// restart of the process would read).
+pub(crate) fn drop_cache(path: &Path) -> io::Result<()> {
+    let file = match File::open(path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    #[cfg(target_os = "linux")]
+    rustix::fs::fadvise(&file, 0, None, rustix::fs::Advice::DontNeed)?;
+    #[cfg(not(target_os = "linux"))]
+    drop(file);
+    Ok(())
+}

@@ -33,7 +33,8 @@ pub(crate) struct Inner {
     pub(crate) index: Index,
     pub(crate) pipeline: Arc<Pipeline>,
     pub(crate) config: Config,
-    pub(crate) counters: Counters,
+    /// Shared with the stores a heal replaced and replaces this one with.
+    pub(crate) counters: Arc<Counters>,
     replays: ReplayCache,
     next_fence: AtomicU64,
     pub(crate) watchers: Arc<Watchers>,
@@ -78,7 +79,7 @@ impl FileStore {
                 watchers,
                 replays: ReplayCache::new(config.replay_cache_bytes),
                 config,
-                counters: Counters::default(),
+                counters: Arc::default(),
                 next_fence: AtomicU64::new(high_fence + 1),
             }),
         }
@@ -619,6 +620,18 @@ impl FileStore {
                 state,
             }));
         }
+    }
+
+    /// Takes over the counters of `halted`, the store this one replaces after a heal. Call it
+    /// before this store is shared.
+    pub(crate) fn continue_counting(&mut self, halted: &FileStore) {
+        let counters = Arc::clone(&halted.inner.counters);
+        let p = &halted.inner.pipeline;
+        Counters::bump(&counters.batches_before, p.batches());
+        Counters::bump(&counters.checkpoints_before, p.checkpoints());
+        Arc::get_mut(&mut self.inner)
+            .expect("a store just opened is not shared")
+            .counters = counters;
     }
 
     pub(crate) fn lease_duration(&self) -> Duration {

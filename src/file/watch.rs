@@ -109,22 +109,28 @@ enum Seen {
 }
 
 /// One waiter's registration; removed when dropped.
-struct Watch<'s> {
-    store: &'s FileStore,
+struct Watch {
+    /// Owned, so that a future waiting on it borrows nothing (the store it came from may be
+    /// replaced meanwhile by a healed one; this one then answers `Halted`).
+    store: FileStore,
     hash: KeyHash,
     id: u64,
 }
 
-impl<'s> Watch<'s> {
-    fn new(store: &'s FileStore, hash: KeyHash) -> Watch<'s> {
+impl Watch {
+    fn new(store: &FileStore, hash: KeyHash) -> Watch {
         let id = store.inner.watchers.next_id.fetch_add(1, Ordering::Relaxed);
-        Watch { store, hash, id }
+        Watch {
+            store: store.clone(),
+            hash,
+            id,
+        }
     }
 
     /// Looks at the key and, while a claim holds it, registers `waker` (also with the clock,
     /// in case a test moves it by hand).
     fn look(&self, waker: &Waker) -> Result<Seen> {
-        let store = self.store;
+        let store = &self.store;
         let inner = &*store.inner;
         inner.pipeline.check()?;
         let now = store.now();
@@ -168,7 +174,7 @@ impl<'s> Watch<'s> {
     }
 }
 
-impl Drop for Watch<'_> {
+impl Drop for Watch {
     fn drop(&mut self) {
         self.store.inner.watchers.disarm(self.id);
     }
@@ -200,7 +206,7 @@ impl FileStore {
         scope: &Scope,
         key: &str,
         timeout: Duration,
-    ) -> impl Future<Output = Result<bool>> + Send + '_ {
+    ) -> impl Future<Output = Result<bool>> + Send + 'static {
         let deadline = Instant::now()
             .checked_add(timeout)
             .unwrap_or_else(far_future);
@@ -213,13 +219,13 @@ impl FileStore {
     }
 }
 
-struct WaitFuture<'s> {
-    watch: Watch<'s>,
+struct WaitFuture {
+    watch: Watch,
     deadline: Instant,
     timer: Option<Delay>,
 }
 
-impl Future for WaitFuture<'_> {
+impl Future for WaitFuture {
     type Output = Result<bool>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<bool>> {

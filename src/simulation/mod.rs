@@ -8,6 +8,12 @@
 //! some, or some torn at 512-byte sectors — as a power loss may leave it. It can also cut the
 //! power after a given number of I/O events (every later call fails, as if the machine were
 //! off) and fail the N-th write or sync, once or for good.
+//!
+//! A failed sync behaves as Linux's page cache does: the writes it covered stay readable (the
+//! cache still holds them) but are never written by a later sync (their pages were marked clean
+//! with the error), so what reads see and what the disk holds part ways. Only dropping the cache
+//! ([`SimDisk::drop_cache`], `posix_fadvise(POSIX_FADV_DONTNEED)` on a real disk) makes reads
+//! see the disk again.
 
 mod rng;
 
@@ -61,6 +67,8 @@ struct Image {
     durable: Vec<u8>,
     live: Vec<u8>,
     unsynced: Vec<Pending>,
+    /// How many of the first `unsynced` writes a failed sync covered: no later sync writes them.
+    failed: usize,
 }
 
 /// Which file a backend reads and writes.
@@ -97,7 +105,7 @@ impl SimDisk {
         disk.0.lock().files[FileId::Database as usize] = Image {
             live: image.clone(),
             durable: image,
-            unsynced: Vec::new(),
+            ..Image::default()
         };
         disk
     }
@@ -108,7 +116,7 @@ impl SimDisk {
         disk.0.lock().files[FileId::Journal as usize] = Image {
             live: journal.clone(),
             durable: journal,
-            unsynced: Vec::new(),
+            ..Image::default()
         };
         disk
     }
@@ -191,6 +199,25 @@ impl SimDisk {
         };
     }
 
+    /// The disk works again: no fault is armed (the power stays on).
+    pub fn clear_faults(&self) {
+        self.0.lock().fault = Fault::None;
+    }
+
+    /// Drops the page cache, as `posix_fadvise(POSIX_FADV_DONTNEED)` does: writes that a failed
+    /// sync covered (clean pages that never reached the disk) vanish from what reads see; writes
+    /// not yet synced (dirty pages) stay.
+    pub fn drop_cache(&self) {
+        for file in &mut self.0.lock().files {
+            file.drop_cache();
+        }
+    }
+
+    /// Whether reads of either file see writes that a failed sync covered.
+    pub fn cache_differs_from_disk(&self) -> bool {
+        self.0.lock().files.iter().any(|f| f.failed > 0)
+    }
+
     /// A power loss: each file becomes its durable image plus the unsynced writes `image`
     /// chooses, which then counts as durable; faults are cleared (the machine reboots).
     pub fn crash(&self, image: CrashImage) {
@@ -217,6 +244,27 @@ impl SimDisk {
 }
 
 impl Image {
+    /// `durable` with the writes not yet synced and not covered by a failed sync.
+    fn cached_dirty_on_durable(&self) -> Vec<u8> {
+        let mut image = self.durable.clone();
+        for p in &self.unsynced[self.failed..] {
+            p.apply(&mut image);
+        }
+        image
+    }
+
+    fn sync(&mut self) {
+        self.durable = self.cached_dirty_on_durable();
+        self.unsynced.clear();
+        self.failed = 0;
+    }
+
+    fn drop_cache(&mut self) {
+        self.live = self.cached_dirty_on_durable();
+        self.unsynced.drain(..self.failed);
+        self.failed = 0;
+    }
+
     fn crash(&mut self, image: CrashImage, rng: &mut SplitMix64) {
         let mut rebuilt = self.durable.clone();
         for p in std::mem::take(&mut self.unsynced) {
@@ -242,6 +290,16 @@ impl Image {
         }
         self.live = rebuilt.clone();
         self.durable = rebuilt;
+        self.failed = 0;
+    }
+}
+
+impl Pending {
+    fn apply(&self, image: &mut Vec<u8>) {
+        match self {
+            Pending::SetLen(len) => image.resize(*len, 0),
+            Pending::Write { offset, data } => put(image, *offset, data),
+        }
     }
 }
 
@@ -320,14 +378,15 @@ impl StorageBackend for SimBackend {
         d.event()?;
         let n = d.syncs;
         d.syncs += 1;
+        let file = self.1 as usize;
         if let Fault::Sync { nth, forever } = d.fault {
             if n == nth || (forever && n > nth) {
+                let file = &mut d.files[file];
+                file.failed = file.unsynced.len();
                 return Err(injected());
             }
         }
-        let file = &mut d.files[self.1 as usize];
-        file.durable = file.live.clone();
-        file.unsynced.clear();
+        d.files[file].sync();
         Ok(())
     }
 

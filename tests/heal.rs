@@ -1,0 +1,339 @@
+//! A store halted by a failed write or sync heals in place once the disk works again
+//! (`src/file/heal.rs`, `StoreBuilder::heal_after`):
+//!
+//! - on the simulated disk, with writes or syncs failing from a random moment of a random
+//!   workload for a while: meanwhile every operation fails and nothing is answered from
+//!   memory; then the store heals by itself, every acknowledged operation is there, each failed
+//!   one shows its state before or after it and nothing else, tickets from before the heal are
+//!   fenced off (`LeaseLost`), and the healed file survives a power loss and a reopen;
+//! - a batch whose sync failed is gone after the heal, not read back from the page cache the
+//!   failed sync left behind (the cache drop);
+//! - on a real, full filesystem (a size-limited tmpfs; needs root, run by `.ci/run`): claims fail
+//!   while it is full, and succeed again, without a restart, once space is freed.
+
+use idemdb::simulation::{CrashImage, SimDisk, SplitMix64};
+use idemdb::{Claim, EntryState, Error, Fingerprint, Response, Scope, Store, Ticket};
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+const KEYS: u64 = 16;
+
+fn scope() -> Scope {
+    Scope::new("tenant", "POST /v1/payments")
+}
+
+fn fp() -> Fingerprint {
+    Fingerprint::of(b"pay 5000")
+}
+
+fn response(key: &str, fence: u64) -> Response {
+    Response::new(201, format!("{key} charged under fence {fence}"))
+        .with_header("x-fence", fence.to_string())
+}
+
+/// What a key may hold: one state once certain, two after a call that failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum State {
+    Absent,
+    InProgress(u64),
+    Completed(u64),
+}
+
+struct Model {
+    keys: HashMap<String, Vec<State>>,
+    tickets: HashMap<String, Ticket>,
+    acknowledged: u64,
+    failed: u64,
+}
+
+impl Model {
+    fn new() -> Model {
+        Model {
+            keys: HashMap::new(),
+            tickets: HashMap::new(),
+            acknowledged: 0,
+            failed: 0,
+        }
+    }
+
+    fn certain(&self, key: &str) -> Option<State> {
+        match self.keys.get(key).map(Vec::as_slice) {
+            None => Some(State::Absent),
+            Some([one]) => Some(one.clone()),
+            Some(_) => None,
+        }
+    }
+
+    fn set(&mut self, key: &str, state: State) {
+        self.keys.insert(key.to_owned(), vec![state]);
+        self.acknowledged += 1;
+    }
+
+    fn unsure(&mut self, key: &str, after: State) {
+        let states = self
+            .keys
+            .entry(key.to_owned())
+            .or_insert_with(|| vec![State::Absent]);
+        if !states.contains(&after) {
+            states.push(after);
+        }
+        self.failed += 1;
+    }
+}
+
+/// One step on `key`: claim it, or complete or release the claim held on it. Only keys whose
+/// state is certain are used, so a failed call leaves at most two possible states.
+fn step(store: &Store, model: &mut Model, key: &str, rng: &mut SplitMix64) {
+    let Some(before) = model.certain(key) else {
+        return;
+    };
+    if let Some(ticket) = model.tickets.remove(key) {
+        let fence = ticket.fence();
+        if rng.next_u64().is_multiple_of(4) {
+            match store.release(ticket) {
+                Ok(()) => model.set(key, State::Absent),
+                Err(_) => model.unsure(key, State::Absent),
+            }
+        } else {
+            match store.complete(ticket, response(key, fence)) {
+                Ok(()) => model.set(key, State::Completed(fence)),
+                Err(_) => model.unsure(key, State::Completed(fence)),
+            }
+        }
+        return;
+    }
+    match store.claim(&scope(), key, fp()) {
+        Ok(Claim::Acquired(ticket)) => {
+            assert!(
+                matches!(before, State::Absent),
+                "{key}: acquired over {before:?}"
+            );
+            model.set(key, State::InProgress(ticket.fence()));
+            model.tickets.insert(key.to_owned(), ticket);
+        }
+        Ok(Claim::Replay(r)) => match before {
+            State::Completed(fence) => assert_eq!(r, response(key, fence), "{key}"),
+            other => panic!("{key}: replay while the model says {other:?}"),
+        },
+        Ok(Claim::InProgress { .. }) => assert!(
+            matches!(before, State::InProgress(_)),
+            "{key}: in progress while the model says {before:?}"
+        ),
+        Ok(other) => panic!("{key}: {other:?}"),
+        // A claim that failed may have been made, under a fence its caller never saw.
+        Err(_) if before == State::Absent => model.unsure(key, State::InProgress(0)),
+        Err(_) => model.failed += 1,
+    }
+}
+
+/// What the store holds for `key`, as the model writes it (a fence the caller never saw is 0).
+fn read(store: &Store, key: &str, model: &Model) -> State {
+    let entry = store.get(&scope(), key).expect("a healed store reads");
+    let Some(entry) = entry else {
+        return State::Absent;
+    };
+    let states = model.keys.get(key).cloned().unwrap_or_default();
+    match entry.state {
+        EntryState::InProgress { .. } => {
+            if states.contains(&State::InProgress(entry.fence)) {
+                State::InProgress(entry.fence)
+            } else {
+                State::InProgress(0)
+            }
+        }
+        EntryState::Completed { response: r, .. } => {
+            assert_eq!(
+                r,
+                response(key, entry.fence),
+                "{key}: a response not its own"
+            );
+            State::Completed(entry.fence)
+        }
+    }
+}
+
+fn check(store: &Store, model: &Model, when: &str) {
+    let mut keys: Vec<String> = (0..KEYS).map(|k| format!("key-{k}")).collect();
+    keys.extend(model.keys.keys().cloned());
+    for key in keys {
+        let found = read(store, &key, model);
+        let allowed = model
+            .keys
+            .get(&key)
+            .cloned()
+            .unwrap_or_else(|| vec![State::Absent]);
+        assert!(
+            allowed.contains(&found),
+            "{when}: {key} holds {found:?}, allowed {allowed:?}"
+        );
+    }
+}
+
+/// Waits until the store answers again (a read of a key no step uses).
+fn until_healed(store: &Store, within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        match store.get(&scope(), "probe") {
+            Ok(_) => return,
+            Err(Error::Halted { .. }) => {}
+            Err(e) => panic!("while healing: {e:?}"),
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the store did not heal within {within:?}"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Outage {
+    Writes,
+    Syncs,
+}
+
+fn outage_then_heal(seed: u64, outage: Outage) {
+    let mut rng = SplitMix64::new(seed);
+    let disk = SimDisk::new();
+    let store = Store::builder()
+        .heal_after(Some(Duration::from_millis(1)))
+        .open_simulated(&disk)
+        .unwrap();
+    let mut model = Model::new();
+    let key = |rng: &mut SplitMix64| format!("key-{}", rng.next_u64() % KEYS);
+
+    for _ in 0..rng.next_u64() % 120 {
+        let k = key(&mut rng);
+        step(&store, &mut model, &k, &mut rng);
+    }
+    let skip = rng.next_u64() % 4;
+    match outage {
+        Outage::Writes => disk.fail_write_after(skip, true),
+        Outage::Syncs => disk.fail_sync_after(skip, true),
+    }
+    // Steps until the fault fires, then some more while the disk keeps failing (and heals
+    // are attempted and fail).
+    let mut after_failure = 0;
+    let mut steps = 0;
+    while after_failure < 12 {
+        steps += 1;
+        assert!(steps < 100_000, "seed {seed}: the fault never fired");
+        let failed = model.failed;
+        // Fresh keys now and then, so that there is always something to write.
+        let k = if rng.next_u64().is_multiple_of(3) {
+            format!("fresh-{steps}")
+        } else {
+            key(&mut rng)
+        };
+        step(&store, &mut model, &k, &mut rng);
+        if model.failed > failed || after_failure > 0 {
+            after_failure += 1;
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    // Still failing: nothing is answered, not even from memory.
+    match store.get(&scope(), "key-0") {
+        Err(Error::Halted { .. }) => {}
+        other => panic!("a read while the disk fails: {other:?}"),
+    }
+    let pre_heal: Vec<(String, Ticket)> = model.tickets.drain().collect();
+
+    disk.clear_faults();
+    until_healed(&store, Duration::from_secs(10));
+    assert_eq!(store.stats().heals, 1, "seed {seed}");
+    check(
+        &store,
+        &model,
+        &format!("seed {seed}, {outage:?}: after the heal"),
+    );
+    for (key, ticket) in pre_heal {
+        match store.complete(ticket, response(&key, 0)) {
+            Err(Error::LeaseLost { .. }) => {}
+            other => panic!("seed {seed}: a ticket from before the heal: {other:?}"),
+        }
+    }
+
+    // The healed store works, and what it holds lasts.
+    let mut model = Model {
+        keys: model.keys,
+        ..Model::new()
+    };
+    for _ in 0..40 {
+        let k = key(&mut rng);
+        step(&store, &mut model, &k, &mut rng);
+    }
+    let held: Vec<Ticket> = model.tickets.drain().map(|(_, t)| t).collect();
+    std::mem::forget(held);
+    drop(store);
+    disk.crash(CrashImage::Durable);
+    let reopened = Store::builder().open_simulated(&disk).unwrap();
+    check(
+        &reopened,
+        &model,
+        &format!("seed {seed}, {outage:?}: after a power loss"),
+    );
+}
+
+#[test]
+fn a_store_heals_after_syncs_fail_for_a_while_and_keeps_every_acknowledged_operation() {
+    for seed in 0..150 {
+        outage_then_heal(seed, Outage::Syncs);
+    }
+}
+
+#[test]
+fn a_store_heals_after_writes_fail_for_a_while_and_keeps_every_acknowledged_operation() {
+    for seed in 0..150 {
+        outage_then_heal(1000 + seed, Outage::Writes);
+    }
+}
+
+/// After a failed sync, the page cache still holds the failed batch (Linux marks its pages
+/// clean); reopening through that cache would replay a claim whose call failed, and keep it
+/// for good. The heal drops the cache first, so the claim is gone.
+#[test]
+fn a_batch_whose_sync_failed_is_not_read_back_from_the_page_cache() {
+    let disk = SimDisk::new();
+    let store = Store::builder()
+        .heal_after(Some(Duration::from_millis(1)))
+        .open_simulated(&disk)
+        .unwrap();
+    let Claim::Acquired(kept) = store.claim(&scope(), "acknowledged", fp()).unwrap() else {
+        panic!("a new key")
+    };
+    let fence = kept.fence();
+    store
+        .complete(kept, response("acknowledged", fence))
+        .unwrap();
+    disk.fail_sync_after(0, true);
+    assert!(store.claim(&scope(), "failed", fp()).is_err());
+    assert!(
+        disk.cache_differs_from_disk(),
+        "the failed batch should linger in the cache"
+    );
+    disk.clear_faults();
+    until_healed(&store, Duration::from_secs(10));
+    assert!(store.get(&scope(), "failed").unwrap().is_none());
+    match store.claim(&scope(), "acknowledged", fp()).unwrap() {
+        Claim::Replay(r) => assert_eq!(r, response("acknowledged", fence)),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// `heal_after(None)`: the store stays halted, as before healing existed.
+#[test]
+fn a_store_told_not_to_heal_stays_halted() {
+    let disk = SimDisk::new();
+    let store = Store::builder()
+        .heal_after(None)
+        .open_simulated(&disk)
+        .unwrap();
+    disk.fail_sync_after(0, false);
+    assert!(store.claim(&scope(), "a", fp()).is_err());
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(matches!(
+        store.claim(&scope(), "b", fp()),
+        Err(Error::Halted { .. })
+    ));
+    assert_eq!(store.stats().heals, 0);
+}
