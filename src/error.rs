@@ -76,7 +76,8 @@ pub enum Error {
     /// Another `Store` (in this or another process) has the file open.
     AlreadyOpen,
     /// An earlier commit failed to reach the disk. The store stopped accepting operations so
-    /// that nothing it answers can disagree with what the disk holds.
+    /// that nothing it answers can disagree with what the disk holds. A store file reopens
+    /// itself once the disk works again ([`crate::StoreBuilder::heal_after`]): retry later.
     Halted {
         /// What the failed commit reported.
         cause: String,
@@ -289,9 +290,14 @@ impl fmt::Display for Error {
             Error::Halted { cause } => write!(
                 f,
                 "the store halted after a failed commit ({cause}): nothing after that failure \
-                 was acknowledged; drop every handle and reopen the store"
+                 was acknowledged; it reopens itself once the disk works again (unless told \
+                 not to heal: then drop every handle and reopen the store)"
             ),
-            Error::Io(e) => write!(f, "I/O error: {e}; check the disk and reopen the store"),
+            Error::Io(e) => write!(
+                f,
+                "I/O error: {e}; after a failed write or sync the store halts, and reopens itself \
+                 once the disk works again"
+            ),
             Error::Storage(e) => write!(f, "storage engine error: {e}"),
             Error::Database {
                 sqlstate: Some(code),
