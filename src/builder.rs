@@ -167,6 +167,18 @@ impl StoreBuilder {
         self
     }
 
+    /// The most live records one tenant may hold: a claim that would create one more gets
+    /// [`crate::Error::TenantFull`] (the HTTP layer: 429 with `Retry-After`), nothing is
+    /// stored, and other tenants are unaffected. A record counts from the claim that creates
+    /// it until it is released, reaped or purged (an expired completion counts until
+    /// `purge_expired`); claims that replace a record of the same key (an expired one, a
+    /// takeover), replays and duplicates are never refused. Default: no limit. Store files
+    /// only: [`StoreBuilder::connect`] refuses it ([`crate::Error::Unsupported`]).
+    pub fn max_live_records_per_tenant(mut self, limit: u64) -> Self {
+        self.config.max_live_per_tenant = Some(limit);
+        self
+    }
+
     /// How a store file comes back after a failed write or sync halted it (every operation
     /// then answers [`crate::Error::Halted`], HTTP 503): it reopens itself in place, from what
     /// the disk holds, first `delay` after an operation finds it halted, then at doubling

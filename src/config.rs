@@ -70,6 +70,8 @@ pub(crate) struct Config {
     /// Whether [`crate::StoreBuilder::heal_after`] set `heal_after` (a store on the simulated
     /// disk heals only then).
     pub(crate) heal_set: bool,
+    /// The most live records one tenant may hold; `None`: no limit (file engine only).
+    pub(crate) max_live_per_tenant: Option<u64>,
     /// PostgreSQL: the schema holding the store's tables.
     #[cfg(feature = "postgres")]
     pub(crate) schema: String,
@@ -101,6 +103,7 @@ impl Default for Config {
             clock_injected: false,
             heal_after: Some(Duration::from_millis(100)),
             heal_set: false,
+            max_live_per_tenant: None,
             #[cfg(feature = "postgres")]
             schema: String::from("idemdb"),
             #[cfg(feature = "postgres")]

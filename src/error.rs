@@ -110,6 +110,20 @@ pub enum Error {
         /// What was wrong.
         reason: String,
     },
+    /// The claim would create a record for a tenant that already holds
+    /// [`crate::StoreBuilder::max_live_records_per_tenant`] of them. Nothing was stored; other
+    /// tenants are unaffected. The HTTP layer answers 429 with `Retry-After`.
+    TenantFull {
+        /// The tenant (its bytes, lossily as UTF-8).
+        tenant: String,
+        /// The limit.
+        limit: u64,
+    },
+    /// The engine does not offer a setting the store was built with (`what` names it).
+    Unsupported {
+        /// The setting, and where it is not offered.
+        what: String,
+    },
 }
 
 /// The part of a store that [`Error::Corrupted`] found damaged.
@@ -319,6 +333,13 @@ impl fmt::Display for Error {
                     "import refused at line {line}, nothing imported: {reason}"
                 )
             }
+            Error::TenantFull { tenant, limit } => write!(
+                f,
+                "tenant {tenant:?} holds {limit} live records, the most this store allows; \
+                 nothing was stored: finish or release its claims, purge expired records, or \
+                 raise max_live_records_per_tenant"
+            ),
+            Error::Unsupported { what } => write!(f, "not supported: {what}"),
         }
     }
 }

@@ -124,6 +124,12 @@ pub(crate) fn scoped_key(scope: &Scope, key: &str) -> Result<Box<[u8]>> {
     Ok(out.into_boxed_slice())
 }
 
+/// The tenant's bytes of an encoded scoped key (empty if the bytes are not an encoding).
+pub(crate) fn tenant_of(bytes: &[u8]) -> &[u8] {
+    let len = bytes.first().map_or(0, |&len| usize::from(len));
+    bytes.get(1..1 + len).unwrap_or_default()
+}
+
 /// Splits an encoded scoped key back into its scope and key, or `None` if the bytes are not a
 /// valid encoding (a damaged file).
 pub(crate) fn split_scoped_key(bytes: &[u8]) -> Option<(Scope, String)> {

@@ -1112,3 +1112,34 @@ on_every_engine! {
         assert!(seen[1].fence > seen[0].fence);
     }
 }
+
+/// A tenant at `max_live_records_per_tenant` gets 429 with `Retry-After` and a problem type of
+/// its own; its handler does not run, its own keys still replay, and another tenant is served.
+#[test]
+fn a_tenant_at_its_record_limit_gets_429_and_another_tenant_is_served() {
+    const TENANT_FULL: &str = "https://idemdb.dev/problems/tenant-record-limit";
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::builder()
+        .max_live_records_per_tenant(2)
+        .open(dir.path().join("payments.idem"))
+        .unwrap();
+    let server = start(store, Processor::default(), |b| b);
+    for key in ["k1", "k2"] {
+        assert_eq!(Req::payment(&server, key, PAYMENT).send().status, 201);
+    }
+    let refused = Req::payment(&server, "k3", PAYMENT).send();
+    assert_eq!(refused.status, 429, "{refused:?}");
+    assert_eq!(refused.problem_type(), TENANT_FULL);
+    assert_eq!(refused.header("retry-after"), Some("60"));
+    assert_eq!(server.processor.executions(), 2, "the handler did not run");
+    let replay = Req::payment(&server, "k1", PAYMENT).send();
+    assert_eq!(replay.status, 201);
+    assert!(replay.replayed());
+    let other = Req::new("POST", &server, "/v1/payments")
+        .tenant("t-b")
+        .key("k3")
+        .json(PAYMENT)
+        .send();
+    assert_eq!(other.status, 201, "{other:?}");
+    assert_eq!(server.processor.executions(), 3);
+}

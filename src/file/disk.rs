@@ -506,6 +506,9 @@ fn scan(
         if high_fence > MAX_FENCE {
             break;
         }
+        if let Some(tenants) = &index.tenants {
+            tenants.loaded(key);
+        }
         let hash = index.hash(key);
         pending[index.stripe_of(&hash)].push((hash, slot_of_head(&head, index)));
         gathered += 1;

@@ -160,6 +160,8 @@ pub(crate) type Stripe = HashMap<KeyHash, Slot, BuildHasherDefault<PassThrough>>
 /// A power-of-two number of cache-padded stripes.
 pub(crate) struct Index {
     stripes: Box<[CachePadded<Mutex<Stripe>>]>,
+    /// Live records per tenant, when the store limits them.
+    pub(crate) tenants: Option<crate::file::tenants::TenantCounts>,
     lo: RandomState,
     hi: RandomState,
     tags: RandomState,
@@ -167,10 +169,11 @@ pub(crate) struct Index {
 }
 
 impl Index {
-    pub(crate) fn new(stripes: usize) -> Index {
+    pub(crate) fn new(stripes: usize, tenant_limit: Option<u64>) -> Index {
         assert!(stripes.is_power_of_two() && stripes <= 1 << 16);
         Index {
             stripes: (0..stripes).map(|_| CachePadded::default()).collect(),
+            tenants: tenant_limit.map(crate::file::tenants::TenantCounts::new),
             lo: RandomState::new(),
             hi: RandomState::new(),
             tags: RandomState::new(),
@@ -259,7 +262,7 @@ mod tests {
 
     #[test]
     fn keys_spread_over_stripes() {
-        let index = Index::new(16);
+        let index = Index::new(16, None);
         let tag = index.tag(&Fingerprint::of(b""));
         for i in 0..1600u32 {
             let key = index.key(i.to_le_bytes().to_vec().into_boxed_slice());
@@ -279,7 +282,7 @@ mod tests {
 
     #[test]
     fn one_stripe_works() {
-        let index = Index::new(1);
+        let index = Index::new(1, None);
         let key = index.key(Box::new([1, 2]));
         assert!(index.lock(&key.hash).get(&key.hash).is_none());
     }
@@ -292,7 +295,7 @@ mod tests {
 
     #[test]
     fn a_slot_round_trips_every_state_and_keeps_its_fence() {
-        let index = Index::new(1);
+        let index = Index::new(1, None);
         let tag = index.tag(&Fingerprint::of(b"x"));
         let fence = FENCE_BITS;
         for state in [
@@ -321,7 +324,7 @@ mod tests {
 
     #[test]
     fn tags_and_hashes_tell_inputs_apart() {
-        let index = Index::new(4);
+        let index = Index::new(4, None);
         assert_ne!(
             index.tag(&Fingerprint::of(b"a")),
             index.tag(&Fingerprint::of(b"b"))

@@ -128,6 +128,7 @@ impl FileStore {
             match new_state {
                 None => {
                     stripe.remove(&key.hash);
+                    self.uncount(&key.bytes);
                     inner.watchers.notify(&key.hash);
                 }
                 Some(state) => {
@@ -178,6 +179,7 @@ impl FileStore {
                     expiry: Some(d.expires_at),
                 }))?);
                 stripe.remove(&hash);
+                self.uncount(&d.key);
                 purged += 1;
             }
             if let Some(seq) = last {

@@ -15,6 +15,7 @@ pub(crate) mod maintenance;
 pub(crate) mod open;
 pub(crate) mod platform;
 pub(crate) mod store;
+pub(crate) mod tenants;
 pub(crate) mod watch;
 
 pub(crate) use store::FileStore;

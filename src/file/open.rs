@@ -226,7 +226,7 @@ fn load_index(
 ) -> Result<(Index, disk::Loaded)> {
     let mut attempts = 0;
     loop {
-        let index = Index::new(config.stripes);
+        let index = Index::new(config.stripes, config.max_live_per_tenant);
         match disk::load(db, &index, reserved, file_bytes)? {
             disk::Scan::Loaded(loaded) => return Ok((index, loaded)),
             disk::Scan::Collision if attempts < 3 => attempts += 1,

@@ -189,13 +189,27 @@ impl FileStore {
             claimed_at: now,
             state: RecordState::InProgress { lease_until },
         };
-        let seq = inner.pipeline.enqueue(Op::Put {
+        // Only a record for a key that holds none counts against its tenant.
+        let tenants = inner.index.tenants.as_ref().filter(|_| replaces.is_none());
+        if let Some(tenants) = tenants {
+            tenants.admit(&key.bytes)?;
+        }
+        let queued = inner.pipeline.enqueue(Op::Put {
             fence,
             key: key.bytes.clone(),
             value: record.encode(&key.bytes),
             expiry: None,
             replaces,
-        })?;
+        });
+        let seq = match queued {
+            Ok(seq) => seq,
+            Err(e) => {
+                if let Some(tenants) = tenants {
+                    tenants.removed(&key.bytes);
+                }
+                return Err(e);
+            }
+        };
         let state = SlotState::InProgress {
             lease_until,
             orphan: false,
@@ -440,6 +454,7 @@ impl FileStore {
         let gone = Gone::of(self.held(&mut stripe, ticket)?);
         let seq = inner.pipeline.enqueue(Op::Delete(gone))?;
         stripe.remove(&ticket.key.hash);
+        self.uncount(&ticket.key.bytes);
         inner.watchers.notify(&ticket.key.hash);
         drop(stripe);
         ticket.spend();
@@ -490,6 +505,7 @@ impl FileStore {
         // After a failed commit the store answers nothing any more: leave it be.
         if let Ok(seq) = inner.pipeline.enqueue(Op::Delete(Gone::of(slot))) {
             stripe.remove(&ticket.key.hash);
+            self.uncount(&ticket.key.bytes);
             inner.watchers.notify(&ticket.key.hash);
             drop(stripe);
             inner.pipeline.commit_soon(seq);
@@ -619,6 +635,13 @@ impl FileStore {
                 claimed_at: from_millis(claimed_at),
                 state,
             }));
+        }
+    }
+
+    /// A record of `scoped` was deleted: it no longer counts against its tenant.
+    pub(crate) fn uncount(&self, scoped: &[u8]) {
+        if let Some(tenants) = &self.inner.index.tenants {
+            tenants.removed(scoped);
         }
     }
 

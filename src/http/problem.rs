@@ -26,6 +26,10 @@ pub mod types {
     pub const MISMATCH: &str = "https://idemdb.dev/problems/idempotency-key-reused";
     /// 503: the idempotency store could not make a claim durable; retry after `Retry-After`.
     pub const STORE_UNAVAILABLE: &str = "https://idemdb.dev/problems/idempotency-store-unavailable";
+    /// 429: the tenant holds as many live idempotency records as the store allows
+    /// (`max_live_records_per_tenant`); nothing was claimed, the handler did not run; retry
+    /// after `Retry-After`.
+    pub const TENANT_FULL: &str = "https://idemdb.dev/problems/tenant-record-limit";
     /// 500: the handler panicked or failed; the key was released.
     pub const HANDLER_PANICKED: &str = "https://idemdb.dev/problems/handler-panicked";
 }

@@ -18,6 +18,10 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+/// `Retry-After` of a 429 for a tenant at its record limit: records free up as claims end and
+/// expired ones are purged, not within a second.
+const TENANT_FULL_RETRY_AFTER: Duration = Duration::from_secs(60);
+
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// What the layer tells the handler about the claim it runs under, in the request's
@@ -159,6 +163,12 @@ where
             Err(Error::InvalidKey { reason }) => {
                 return Ok(Problem::new(StatusCode::BAD_REQUEST, types::MALFORMED_KEY, "malformed Idempotency-Key")
                     .detail(reason.to_string())
+                    .into_response())
+            }
+            Err(e @ Error::TenantFull { .. }) => {
+                return Ok(Problem::new(StatusCode::TOO_MANY_REQUESTS, types::TENANT_FULL, "too many live idempotency records")
+                    .detail(e.to_string())
+                    .retry_after(TENANT_FULL_RETRY_AFTER)
                     .into_response())
             }
             // Never run the handler without a durable claim.

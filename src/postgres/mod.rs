@@ -298,6 +298,11 @@ fn random_owner() -> String {
 
 /// Connects a store to the database at `url`, creating or checking its schema.
 pub(crate) fn connect(mut config: Config, url: &str) -> Result<PgStore> {
+    if config.max_live_per_tenant.is_some() {
+        return Err(Error::Unsupported {
+            what: "max_live_records_per_tenant on PostgreSQL (store files only, for now)".into(),
+        });
+    }
     let mut pg: tokio_postgres::Config = url.parse().map_err(|e| Error::Database {
         sqlstate: None,
         reason: format!("invalid connection string: {e}"),

@@ -1,0 +1,187 @@
+//! Bounded resources: one tenant cannot fill the store (`max_live_records_per_tenant`).
+//! Each test is named after the rule it checks.
+
+use idemdb::{
+    Claim, Error, Fingerprint, ManualClock, Resolution, Response, Scope, StalePolicy, Store, Ticket,
+};
+use std::future::Future as _;
+use std::time::Duration;
+
+fn scope(tenant: &str) -> Scope {
+    Scope::new(tenant, "POST /v1/payments")
+}
+
+fn fp() -> Fingerprint {
+    Fingerprint::of(b"pay 5000")
+}
+
+fn acquired(claim: idemdb::Result<Claim>) -> Ticket {
+    match claim {
+        Ok(Claim::Acquired(t)) => t,
+        other => panic!("expected an acquired claim, got {other:?}"),
+    }
+}
+
+fn refused(claim: idemdb::Result<Claim>, tenant: &str, limit: u64) {
+    match claim {
+        Err(Error::TenantFull {
+            tenant: t,
+            limit: l,
+        }) => {
+            assert_eq!((t.as_str(), l), (tenant, limit));
+        }
+        other => panic!("expected TenantFull for {tenant}, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_tenant_at_its_limit_is_refused_nothing_is_stored_and_other_tenants_are_served() {
+    let store = Store::builder()
+        .max_live_records_per_tenant(3)
+        .in_memory()
+        .unwrap();
+    let held: Vec<Ticket> = (0..3)
+        .map(|i| acquired(store.claim(&scope("a"), &format!("k{i}"), fp())))
+        .collect();
+    refused(store.claim(&scope("a"), "k3", fp()), "a", 3);
+    assert!(
+        store.get(&scope("a"), "k3").unwrap().is_none(),
+        "a refusal stores nothing"
+    );
+    assert_eq!(store.stats().live_records, 3);
+    // Another tenant, on the same endpoint and the same key.
+    let other = acquired(store.claim(&scope("b"), "k3", fp()));
+    // The full tenant's own keys still answer: in progress, and once completed, replays.
+    assert!(matches!(
+        store.claim(&scope("a"), "k0", fp()),
+        Ok(Claim::InProgress { .. })
+    ));
+    let mut held = held.into_iter();
+    store
+        .complete(held.next().unwrap(), Response::new(201, "paid"))
+        .unwrap();
+    assert!(matches!(
+        store.claim(&scope("a"), "k0", fp()),
+        Ok(Claim::Replay(_))
+    ));
+    // A release makes room for one more.
+    store.release(held.next().unwrap()).unwrap();
+    let again = acquired(store.claim(&scope("a"), "k3", fp()));
+    refused(store.claim(&scope("a"), "k4", fp()), "a", 3);
+    drop((again, other, held));
+}
+
+#[test]
+fn purging_expired_records_and_reaping_stale_claims_make_room_and_a_takeover_needs_none() {
+    let clock = ManualClock::new();
+    let store = Store::builder()
+        .max_live_records_per_tenant(2)
+        .ttl(Duration::from_secs(60))
+        .lease(Duration::from_secs(10))
+        .stale_policy(StalePolicy::TakeOver)
+        .clock(clock.clone())
+        .in_memory()
+        .unwrap();
+    let done = acquired(store.claim(&scope("a"), "done", fp()));
+    store.complete(done, Response::new(201, "paid")).unwrap();
+    std::mem::forget(acquired(store.claim(&scope("a"), "stale", fp())));
+    refused(store.claim(&scope("a"), "new", fp()), "a", 2);
+
+    // The stale claim's lease runs out: taking it over replaces its record, so it is allowed.
+    clock.advance(Duration::from_secs(11));
+    let takeover = acquired(store.claim(&scope("a"), "stale", fp()));
+    assert!(takeover.takeover().is_some());
+    std::mem::forget(takeover);
+    refused(store.claim(&scope("a"), "new", fp()), "a", 2);
+
+    // An expired completion counts until it is purged; then its room is free.
+    clock.advance(Duration::from_secs(60));
+    refused(store.claim(&scope("a"), "new", fp()), "a", 2);
+    assert_eq!(store.purge_expired().unwrap(), 1);
+    std::mem::forget(acquired(store.claim(&scope("a"), "new", fp())));
+    refused(store.claim(&scope("a"), "newer", fp()), "a", 2);
+
+    // A stale claim the resolver releases frees its room too.
+    clock.advance(Duration::from_secs(11));
+    let released = store.reap(|_| Resolution::Release).unwrap();
+    assert_eq!(released, 2);
+    std::mem::forget(acquired(store.claim(&scope("a"), "newer", fp())));
+}
+
+#[test]
+fn the_counts_are_rebuilt_from_the_file_when_the_store_reopens() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("payments.idem");
+    {
+        let store = Store::open(&path).unwrap();
+        for i in 0..5 {
+            let t = acquired(store.claim(&scope("a"), &format!("k{i}"), fp()));
+            store.complete(t, Response::new(201, "paid")).unwrap();
+        }
+        let t = acquired(store.claim(&scope("b"), "k0", fp()));
+        store.complete(t, Response::new(201, "paid")).unwrap();
+    }
+    // A limit below what the file already holds for `a`: its new keys are refused, its old
+    // ones replay, and `b` has room.
+    let store = Store::builder()
+        .max_live_records_per_tenant(3)
+        .open(&path)
+        .unwrap();
+    refused(store.claim(&scope("a"), "k9", fp()), "a", 3);
+    assert!(matches!(
+        store.claim(&scope("a"), "k4", fp()),
+        Ok(Claim::Replay(_))
+    ));
+    for i in 1..3 {
+        std::mem::forget(acquired(store.claim(&scope("b"), &format!("k{i}"), fp())));
+    }
+    refused(store.claim(&scope("b"), "k3", fp()), "b", 3);
+}
+
+#[test]
+fn a_withdrawn_claim_gives_its_room_back() {
+    let store = Store::builder()
+        .max_live_records_per_tenant(1)
+        .in_memory()
+        .unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let s = scope("a");
+        let mut claim = Box::pin(store.claim_async(&s, "k0", fp()));
+        // Polled once (the claim is queued), then dropped: the claim is withdrawn.
+        let _ = claim
+            .as_mut()
+            .poll(&mut std::task::Context::from_waker(std::task::Waker::noop()));
+        drop(claim);
+    });
+    // Whether it landed and was deleted, or never landed, the tenant has its room.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        match store.claim(&scope("a"), "k1", fp()) {
+            Ok(Claim::Acquired(t)) => {
+                std::mem::forget(t);
+                break;
+            }
+            Err(Error::TenantFull { .. }) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            other => panic!("after a withdrawal: {other:?}"),
+        }
+    }
+}
+
+#[cfg(feature = "postgres")]
+#[test]
+fn postgres_refuses_a_tenant_limit_it_does_not_enforce() {
+    // Checked before any connection is tried.
+    match Store::builder()
+        .max_live_records_per_tenant(10)
+        .connect("host=127.0.0.1 port=1 user=nobody")
+    {
+        Err(Error::Unsupported { what }) => assert!(what.contains("max_live_records_per_tenant")),
+        other => panic!("{other:?}"),
+    }
+}
