@@ -1143,3 +1143,120 @@ fn a_tenant_at_its_record_limit_gets_429_and_another_tenant_is_served() {
     assert_eq!(other.status, 201, "{other:?}");
     assert_eq!(server.processor.executions(), 3);
 }
+
+/// `max_waiters`: with `wait_for_in_flight`, only that many duplicates wait for the in-flight
+/// request (and get its replay); the others get 409 with `Retry-After` at once, as without
+/// waiting. Nothing runs twice.
+#[test]
+fn only_max_waiters_duplicates_wait_and_the_rest_get_409_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path().join("payments.idem")).unwrap();
+    let server = start(
+        store,
+        Processor::with_delay(Duration::from_millis(1500)),
+        |b| b.wait_for_in_flight(Duration::from_secs(10)).max_waiters(2),
+    );
+    thread::scope(|s| {
+        let first = s.spawn(|| Req::payment(&server, "busy", PAYMENT).send());
+        wait_until("the first attempt runs", || {
+            server.processor.executions() == 1
+        });
+        let duplicates = send_concurrently(5, || Req::payment(&server, "busy", PAYMENT));
+        assert_eq!(first.join().unwrap().status, 201);
+        let replayed = duplicates
+            .iter()
+            .filter(|r| r.status == 201 && r.replayed())
+            .count();
+        let turned_away: Vec<&Reply> = duplicates.iter().filter(|r| r.status == 409).collect();
+        assert_eq!((replayed, turned_away.len()), (2, 3), "{duplicates:?}");
+        for r in turned_away {
+            r.assert_problem(409, IN_PROGRESS);
+            assert!(r.header("retry-after").is_some());
+        }
+    });
+    assert_eq!(server.processor.executions(), 1);
+}
+
+/// `max_response_bytes`: the layer buffers at most that much of a handler's response to store
+/// it. A larger response is not stored, and its claim is not released either (the side effect
+/// happened): it stays in progress, so a retry gets 409 and nothing runs twice. A body of
+/// declared length reaches the client whole; one that streams past the limit gets a 500.
+#[test]
+fn a_response_larger_than_the_layer_buffers_is_not_stored_and_nothing_runs_twice() {
+    const RESPONSE_TOO_LARGE: &str = "https://idemdb.dev/problems/response-too-large";
+    const BIG: usize = 3 << 20;
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path().join("payments.idem")).unwrap();
+    let runs = Arc::new(AtomicU32::new(0));
+    let layer = IdempotencyLayer::builder(store, tenant_from_api_key)
+        .max_response_bytes(1 << 20)
+        .build();
+    let sized = {
+        let runs = Arc::clone(&runs);
+        move || {
+            runs.fetch_add(1, Ordering::SeqCst);
+            async { vec![b'x'; BIG] }
+        }
+    };
+    let streamed = {
+        let runs = Arc::clone(&runs);
+        move || {
+            runs.fetch_add(1, Ordering::SeqCst);
+            async {
+                let chunks = (0..BIG / 4096).map(|_| Ok::<_, std::io::Error>(vec![b'y'; 4096]));
+                axum::body::Body::from_stream(futures_util::stream::iter(chunks))
+            }
+        }
+    };
+    let app = Router::new()
+        .route("/sized", post(sized))
+        .route("/streamed", post(streamed))
+        .layer(layer);
+    let (base, _rt) = serve(app);
+    let server = Server {
+        base,
+        store: Store::in_memory().unwrap(),
+        processor: Processor::default(),
+        _rt,
+    };
+    let send = |path: &str| {
+        Req::new("POST", &server, path)
+            .tenant("t-a")
+            .key("big-1")
+            .json(PAYMENT)
+            .send()
+    };
+    let whole = send("/sized");
+    assert_eq!(whole.status, 200, "{:?}", whole.status);
+    assert_eq!(
+        whole.body.len(),
+        BIG,
+        "the declared-length body passes through whole"
+    );
+    let retry = send("/sized");
+    retry.assert_problem(409, IN_PROGRESS);
+
+    let cut = send("/streamed");
+    cut.assert_problem(500, RESPONSE_TOO_LARGE);
+    send("/streamed").assert_problem(409, IN_PROGRESS);
+    assert_eq!(runs.load(Ordering::SeqCst), 2, "each handler ran once");
+}
+
+/// Header sizes are bounded: an `Idempotency-Key` of 300 bytes is a 400 from the layer, one of
+/// 64 KiB a 400 or the HTTP stack's own 431; either way nothing is claimed and nothing runs.
+#[test]
+fn an_oversized_idempotency_key_header_is_refused_and_nothing_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(
+        Store::open(dir.path().join("payments.idem")).unwrap(),
+        Processor::default(),
+        |b| b,
+    );
+    Req::payment(&server, &"k".repeat(300), PAYMENT)
+        .send()
+        .assert_problem(400, MALFORMED_KEY);
+    let huge = Req::payment(&server, &"k".repeat(64 << 10), PAYMENT).send();
+    assert!(matches!(huge.status, 400 | 431), "{:?}", huge.status);
+    assert_eq!(server.processor.executions(), 0);
+    assert_eq!(server.store.stats().live_records, 0);
+}

@@ -30,6 +30,12 @@ pub(crate) struct Config {
     pub(crate) policy: Box<PolicyFn>,
     pub(crate) replay_header: HeaderName,
     pub(crate) wait: Duration,
+    /// The most duplicates waiting at once (`wait > 0`); more get 409 at once.
+    pub(crate) max_waiters: usize,
+    /// Duplicates waiting now.
+    pub(crate) waiters: std::sync::atomic::AtomicUsize,
+    /// The most bytes of a handler's response body the layer buffers to store it.
+    pub(crate) max_response_bytes: usize,
     pub(crate) heartbeat: Option<Duration>,
     pub(crate) spawner: Option<Box<Spawner>>,
 }

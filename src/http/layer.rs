@@ -74,6 +74,9 @@ impl IdempotencyLayer {
                 policy: Box::new(default_outcome_policy),
                 replay_header: HeaderName::from_static("idempotent-replayed"),
                 wait: Duration::ZERO,
+                max_waiters: 1024,
+                waiters: std::sync::atomic::AtomicUsize::new(0),
+                max_response_bytes: 1 << 20,
                 heartbeat: None,
                 spawner: None,
             },
@@ -170,6 +173,28 @@ impl IdempotencyLayerBuilder {
     /// and then gets its replay, instead of an immediate 409. Default: zero (409 at once).
     pub fn wait_for_in_flight(mut self, bound: Duration) -> Self {
         self.config.wait = bound;
+        self
+    }
+
+    /// With [`IdempotencyLayerBuilder::wait_for_in_flight`], the most duplicates that wait at
+    /// once (each holds a request, its connection and a timer); more get 409 with `Retry-After`
+    /// at once, as without waiting. Default: 1024.
+    pub fn max_waiters(mut self, limit: usize) -> Self {
+        self.config.max_waiters = limit;
+        self
+    }
+
+    /// The most bytes of a handler's response body the layer buffers to store it. Default:
+    /// 1 MiB, the store's own default limit (`StoreBuilder::max_response_bytes`).
+    ///
+    /// A response over it cannot be stored for replay. The side effect has happened, so its
+    /// claim is not released: it stays in progress (an orphan, which `reap` offers at once;
+    /// retries get 409 until the lease ends, then run as a takeover that reconciles). A body
+    /// that declares its length (`Content-Length`, an exact size hint) over the limit reaches
+    /// the client whole, unbuffered; one that streams past the limit cannot (its first part is
+    /// consumed), and the client gets a 500 problem `response-too-large` instead.
+    pub fn max_response_bytes(mut self, limit: usize) -> Self {
+        self.config.max_response_bytes = limit;
         self
     }
 

@@ -30,6 +30,10 @@ pub mod types {
     /// (`max_live_records_per_tenant`); nothing was claimed, the handler did not run; retry
     /// after `Retry-After`.
     pub const TENANT_FULL: &str = "https://idemdb.dev/problems/tenant-record-limit";
+    /// 500: the handler's response streamed past the layer's `max_response_bytes`, so it could
+    /// be neither stored nor passed on; the side effect happened, so the key stays in progress
+    /// (a retry after the lease runs as a takeover).
+    pub const RESPONSE_TOO_LARGE: &str = "https://idemdb.dev/problems/response-too-large";
     /// 500: the handler panicked or failed; the key was released.
     pub const HANDLER_PANICKED: &str = "https://idemdb.dev/problems/handler-panicked";
 }

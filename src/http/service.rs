@@ -14,6 +14,7 @@ use http_body_util::{BodyExt, LengthLimitError, Limited};
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -145,10 +146,12 @@ where
             Ok(Claim::InProgress { retry_after, .. }) => {
                 let now = Instant::now();
                 if now < deadline {
-                    // Woken when the holder finishes (or its lease ends); an error here shows
-                    // again in the next claim, which answers it.
-                    let _ = store.wait_async(&scope, &key, deadline - now).await;
-                    continue;
+                    if let Some(_waiting) = Waiting::join(&config) {
+                        // Woken when the holder finishes (or its lease ends); an error here
+                        // shows again in the next claim, which answers it.
+                        let _ = store.wait_async(&scope, &key, deadline - now).await;
+                        continue;
+                    }
                 }
                 return Ok(Problem::new(StatusCode::CONFLICT, types::IN_PROGRESS, "request in progress")
                     .detail("a request with this Idempotency-Key is being processed: retry later with the same key")
@@ -255,8 +258,30 @@ where
         Ok(Ok(response)) => response,
     };
     let (rparts, rbody) = response.into_parts();
-    let body = match rbody.collect().await {
+    let limit = config.max_response_bytes;
+    if rbody.size_hint().lower() > u64::try_from(limit).unwrap_or(u64::MAX) {
+        // Too large to store, and known before any of it is read: it goes to the client as it
+        // is. The side effect happened, so the claim is kept in progress (the ticket is
+        // dropped: an orphan) rather than released.
+        drop(held);
+        return Ok(Response::from_parts(rparts, rbody));
+    }
+    let body = match Limited::new(rbody, limit).collect().await {
         Ok(collected) => collected.to_bytes(),
+        Err(e) if e.is::<LengthLimitError>() => {
+            drop(held);
+            return Ok(Problem::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                types::RESPONSE_TOO_LARGE,
+                "response too large to store",
+            )
+            .detail(format!(
+                "the handler ran, but its response streamed past {limit} bytes, more than this \
+                 service stores for replay; the Idempotency-Key stays in progress until its \
+                 lease ends, then a retry runs as a takeover"
+            ))
+            .into_response());
+        }
         Err(_) => {
             held.release().await;
             return Ok(Problem::new(
@@ -378,6 +403,24 @@ fn replay<B: From<Bytes>>(config: &Config, stored: crate::Response) -> Response<
 /// left in progress: the handler may already have performed the side effect, so releasing
 /// would let the retry repeat it. The retry gets 409 until the lease runs out, then runs with a
 /// takeover. Configure a spawner to have the handler finish and its response stored instead.
+/// One duplicate's place among those waiting for an in-flight request
+/// (`IdempotencyLayerBuilder::max_waiters`); given back when dropped.
+struct Waiting<'c>(&'c Config);
+
+impl<'c> Waiting<'c> {
+    fn join(config: &'c Config) -> Option<Waiting<'c>> {
+        let taken = config.waiters.fetch_add(1, Ordering::AcqRel);
+        let waiting = Waiting(config);
+        (taken < config.max_waiters).then_some(waiting)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.waiters.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 struct Held {
     store: Store,
     ticket: Option<Ticket>,
