@@ -179,6 +179,22 @@ impl StoreBuilder {
         self
     }
 
+    /// The most bytes of records the store file may hold before it refuses claims of new
+    /// keys with [`crate::Error::StoreFull`] (HTTP: 503 with `Retry-After`), so that a disk
+    /// filling up is a refusal of new requests rather than a failed write that halts the
+    /// store. Counted: each record's encoded key, fingerprint, times and response, as of the
+    /// last commit ([`crate::Stats::stored_bytes`]). Claims of keys that hold a record,
+    /// completions, releases, extensions, reaps and purges are never refused: a completion's
+    /// side effect has happened. So the records may pass the limit by the responses of the
+    /// claims in progress when it was reached (each at most `max_response_bytes`), and the
+    /// files take more than the records (redb's pages and free space, the journal's fixed
+    /// size): leave that room on the disk. Default: no limit. Store files only:
+    /// [`StoreBuilder::connect`] refuses it ([`crate::Error::Unsupported`]).
+    pub fn max_store_bytes(mut self, limit: u64) -> Self {
+        self.config.max_store_bytes = Some(limit);
+        self
+    }
+
     /// How a store file comes back after a failed write or sync halted it (every operation
     /// then answers [`crate::Error::Halted`], HTTP 503): it reopens itself in place, from what
     /// the disk holds, first `delay` after an operation finds it halted, then at doubling

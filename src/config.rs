@@ -72,6 +72,8 @@ pub(crate) struct Config {
     pub(crate) heal_set: bool,
     /// The most live records one tenant may hold; `None`: no limit (file engine only).
     pub(crate) max_live_per_tenant: Option<u64>,
+    /// The most bytes of records a claim of a new key may find (file engine only).
+    pub(crate) max_store_bytes: Option<u64>,
     /// PostgreSQL: the schema holding the store's tables.
     #[cfg(feature = "postgres")]
     pub(crate) schema: String,
@@ -104,6 +106,7 @@ impl Default for Config {
             heal_after: Some(Duration::from_millis(100)),
             heal_set: false,
             max_live_per_tenant: None,
+            max_store_bytes: None,
             #[cfg(feature = "postgres")]
             schema: String::from("idemdb"),
             #[cfg(feature = "postgres")]

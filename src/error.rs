@@ -119,6 +119,15 @@ pub enum Error {
         /// The limit.
         limit: u64,
     },
+    /// A claim of a new key was refused because the store's records already fill
+    /// [`crate::StoreBuilder::max_store_bytes`]. Nothing was stored; claims of existing keys,
+    /// completions, releases and purges go on. The HTTP layer answers 503 with `Retry-After`.
+    StoreFull {
+        /// The records' bytes when it was refused.
+        bytes: u64,
+        /// The limit.
+        limit: u64,
+    },
     /// The engine does not offer a setting the store was built with (`what` names it).
     Unsupported {
         /// The setting, and where it is not offered.
@@ -338,6 +347,12 @@ impl fmt::Display for Error {
                 "tenant {tenant:?} holds {limit} live records, the most this store allows; \
                  nothing was stored: finish or release its claims, purge expired records, or \
                  raise max_live_records_per_tenant"
+            ),
+            Error::StoreFull { bytes, limit } => write!(
+                f,
+                "the store's records fill {bytes} of the {limit} bytes it may hold \
+                 (max_store_bytes); nothing was stored: purge expired records, or raise the \
+                 limit if the disk has room"
             ),
             Error::Unsupported { what } => write!(f, "not supported: {what}"),
         }

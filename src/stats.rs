@@ -34,6 +34,11 @@ pub struct Stats {
     pub checkpoints: u64,
     /// Records in the index now (in progress or completed, expired ones not yet purged included).
     pub live_records: u64,
+    /// Bytes of the records in the store file as of the last commit: each record's encoded
+    /// key, fingerprint, times and response, what [`crate::StoreBuilder::max_store_bytes`]
+    /// limits. The files are larger (redb's pages and free space, the journal). Always 0 on
+    /// PostgreSQL.
+    pub stored_bytes: u64,
     /// Times the store reopened itself after a failed write or sync had halted it
     /// ([`crate::StoreBuilder::heal_after`]); always 0 on PostgreSQL.
     pub heals: u64,
@@ -68,6 +73,7 @@ impl Counters {
         commit_batches: u64,
         checkpoints: u64,
         live_records: u64,
+        stored_bytes: u64,
     ) -> Stats {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         Stats {
@@ -84,6 +90,7 @@ impl Counters {
             commit_batches: commit_batches + get(&self.batches_before),
             checkpoints: checkpoints + get(&self.checkpoints_before),
             live_records,
+            stored_bytes,
             heals: get(&self.heals),
         }
     }

@@ -1,5 +1,6 @@
-//! Bounded resources: one tenant cannot fill the store (`max_live_records_per_tenant`).
-//! Each test is named after the rule it checks.
+//! Bounded resources: one tenant cannot fill the store (`max_live_records_per_tenant`), and the
+//! store refuses new keys before its records pass `max_store_bytes`. Each test is named after
+//! the rule it checks.
 
 use idemdb::{
     Claim, Error, Fingerprint, ManualClock, Resolution, Response, Scope, StalePolicy, Store, Ticket,
@@ -173,15 +174,146 @@ fn a_withdrawn_claim_gives_its_room_back() {
     }
 }
 
+#[test]
+fn a_full_store_refuses_new_keys_only_and_purging_makes_room() {
+    let clock = ManualClock::new();
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::builder()
+        .max_store_bytes(40_000)
+        .ttl(Duration::from_secs(60))
+        .clock(clock.clone())
+        .open(dir.path().join("payments.idem"))
+        .unwrap();
+    let body = vec![b'r'; 2_000];
+    let mut paid = 0;
+    let (held, full) = loop {
+        let key = format!("k{paid}");
+        let t = match store.claim(&scope("a"), &key, fp()) {
+            Ok(Claim::Acquired(t)) => t,
+            Err(Error::StoreFull { bytes, limit }) => {
+                assert_eq!(limit, 40_000);
+                assert!(bytes > 30_000, "refused at {bytes} bytes");
+                break (None, key);
+            }
+            other => panic!("{key}: {other:?}"),
+        };
+        if paid == 15 {
+            // One claim stays in progress while the store fills.
+            paid += 1;
+            break (Some(t), String::new());
+        }
+        store.complete(t, Response::new(201, body.clone())).unwrap();
+        paid += 1;
+    };
+    let (held, full) = match (held, full) {
+        (Some(held), _) => loop {
+            let key = format!("k{paid}");
+            match store.claim(&scope("a"), &key, fp()) {
+                Ok(Claim::Acquired(t)) => {
+                    store.complete(t, Response::new(201, body.clone())).unwrap();
+                    paid += 1;
+                }
+                Err(Error::StoreFull { .. }) => break (held, key),
+                other => panic!("{key}: {other:?}"),
+            }
+        },
+        (None, _) => panic!("the store filled before one claim could be held"),
+    };
+    assert!(
+        store.get(&scope("a"), &full).unwrap().is_none(),
+        "a refusal stores nothing"
+    );
+    // Past the limit by at most the completion of the last claim admitted below it.
+    assert!(
+        store.stats().stored_bytes < 40_000 + 2_500,
+        "{}",
+        store.stats().stored_bytes
+    );
+    // Every tenant is refused a new key; existing keys still replay.
+    assert!(matches!(
+        store.claim(&scope("b"), "new", fp()),
+        Err(Error::StoreFull { .. })
+    ));
+    assert!(matches!(
+        store.claim(&scope("a"), "k0", fp()),
+        Ok(Claim::Replay(_))
+    ));
+    // The claim in progress completes, past the limit: its side effect happened.
+    store
+        .complete(held, Response::new(201, body.clone()))
+        .unwrap();
+    assert!(store.stats().stored_bytes > 40_000);
+    // Once the completions expire and are purged, there is room again.
+    clock.advance(Duration::from_secs(61));
+    assert_eq!(store.purge_expired().unwrap(), paid);
+    std::mem::forget(acquired(store.claim(&scope("b"), "new", fp())));
+}
+
+/// The records' bytes are counted as the store runs (each commit adds what it wrote and takes
+/// away what it replaced or deleted) and again from the file at open: the two agree.
+#[test]
+fn the_stored_bytes_counted_as_the_store_runs_match_a_fresh_count_at_open() {
+    let clock = ManualClock::new();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("payments.idem");
+    let open = || {
+        Store::builder()
+            .ttl(Duration::from_secs(60))
+            .lease(Duration::from_secs(5))
+            .journal_size(64 << 10)
+            .clock(clock.clone())
+            .open(&path)
+            .unwrap()
+    };
+    let store = open();
+    let mut rng = 7u64;
+    let mut next = |n: u64| {
+        rng = rng
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (rng >> 33) % n
+    };
+    for i in 0..600 {
+        let key = format!("k{}", next(80));
+        match store.claim(&scope("a"), &key, fp()) {
+            Ok(Claim::Acquired(t)) => match next(4) {
+                0 => store.release(t).unwrap(),
+                1 => std::mem::forget(t),
+                _ => {
+                    let size = usize::try_from(next(3000)).unwrap();
+                    store
+                        .complete(t, Response::new(201, vec![b'x'; size]))
+                        .unwrap();
+                }
+            },
+            Ok(_) => {}
+            Err(e) => panic!("{e:?}"),
+        }
+        if i % 100 == 99 {
+            clock.advance(Duration::from_secs(20));
+            store.purge_expired().unwrap();
+        }
+    }
+    let counted = store.stats().stored_bytes;
+    assert!(counted > 0);
+    drop(store);
+    assert_eq!(open().stats().stored_bytes, counted);
+}
+
 #[cfg(feature = "postgres")]
 #[test]
-fn postgres_refuses_a_tenant_limit_it_does_not_enforce() {
+fn postgres_refuses_the_limits_it_does_not_enforce() {
     // Checked before any connection is tried.
-    match Store::builder()
-        .max_live_records_per_tenant(10)
-        .connect("host=127.0.0.1 port=1 user=nobody")
-    {
-        Err(Error::Unsupported { what }) => assert!(what.contains("max_live_records_per_tenant")),
-        other => panic!("{other:?}"),
+    for (builder, name) in [
+        (
+            Store::builder().max_live_records_per_tenant(10),
+            "max_live_records_per_tenant",
+        ),
+        (Store::builder().max_store_bytes(1 << 30), "max_store_bytes"),
+    ] {
+        match builder.connect("host=127.0.0.1 port=1 user=nobody") {
+            Err(Error::Unsupported { what }) => assert!(what.contains(name), "{what}"),
+            other => panic!("{other:?}"),
+        }
     }
 }

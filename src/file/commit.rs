@@ -41,6 +41,9 @@ pub(crate) struct Pipeline {
     done: [Condvar; 2],
     halted: AtomicBool,
     batches: AtomicU64,
+    /// The bytes of every record's value in the file as of the last commit (changed only by
+    /// the leader, under `state`).
+    record_bytes: AtomicU64,
     checkpoints: Arc<AtomicU64>,
     flusher: Arc<FlushSignal>,
     flusher_started: Once,
@@ -123,6 +126,7 @@ impl Pipeline {
     pub(crate) fn new(
         db: Database,
         reserved: u64,
+        record_bytes: u64,
         journal: Option<Journal>,
         on_halt: Box<dyn Fn() + Send + Sync>,
     ) -> Pipeline {
@@ -148,6 +152,7 @@ impl Pipeline {
             done: [Condvar::new(), Condvar::new()],
             halted: AtomicBool::new(false),
             batches: AtomicU64::new(0),
+            record_bytes: AtomicU64::new(record_bytes),
             checkpoints,
             flusher: Arc::default(),
             flusher_started: Once::new(),
@@ -234,6 +239,11 @@ impl Pipeline {
 
     pub(crate) fn batches(&self) -> u64 {
         self.batches.load(Ordering::Relaxed)
+    }
+
+    /// The bytes of the records' values as of the last commit.
+    pub(crate) fn record_bytes(&self) -> u64 {
+        self.record_bytes.load(Ordering::Relaxed)
     }
 
     pub(crate) fn checkpoints(&self) -> u64 {
@@ -351,9 +361,12 @@ impl Pipeline {
         s.writer = Some(writer);
         s.committing = false;
         let outcome = match result {
-            Ok(()) => {
+            Ok(bytes) => {
                 s.durable = upto;
                 self.batches.fetch_add(1, Ordering::Relaxed);
+                let now = self.record_bytes.load(Ordering::Relaxed);
+                self.record_bytes
+                    .store(now.saturating_add_signed(bytes), Ordering::Relaxed);
                 Ok(())
             }
             Err(e) => {
@@ -443,16 +456,17 @@ impl Writer {
     /// Makes `ops` durable: appended to the journal and synced, then applied to redb without a
     /// sync; or, when the journal is full (or absent), committed durably into redb, which
     /// checkpoints everything before them too.
-    fn commit(&mut self, db: &Database, ops: &[Op]) -> Result<()> {
+    /// Returns by how much the batch changed the records' bytes.
+    fn commit(&mut self, db: &Database, ops: &[Op]) -> Result<i64> {
         let Some(journal) = &mut self.journal else {
             return write_batch(db, ops, &mut self.reserved, Commit::Durable);
         };
         match journal.append(ops)? {
             Appended::Durable => write_batch(db, ops, &mut self.reserved, Commit::Journaled),
             Appended::Full => {
-                journal.checkpoint(db, ops, &mut self.reserved)?;
+                let bytes = journal.checkpoint(db, ops, &mut self.reserved)?;
                 self.checkpoints.fetch_add(1, Ordering::Relaxed);
-                Ok(())
+                Ok(bytes)
             }
         }
     }
@@ -463,7 +477,7 @@ impl Writer {
     fn close(&mut self, db: &Database) -> Result<()> {
         match &mut self.journal {
             Some(journal) if journal.has_entries() => {
-                journal.checkpoint(db, &[], &mut self.reserved)
+                journal.checkpoint(db, &[], &mut self.reserved).map(drop)
             }
             _ => Ok(()),
         }

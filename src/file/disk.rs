@@ -111,7 +111,8 @@ pub(crate) enum Commit {
     Journaled,
 }
 
-/// Writes one batch in one write transaction and commits it as `commit` says.
+/// Writes one batch in one write transaction and commits it as `commit` says, and returns by
+/// how much it changed the bytes of the records table's values (see [`Loaded::record_bytes`]).
 ///
 /// `reserved` is the fence reservation in the file. A batch that writes a fence above it raises
 /// it by [`FENCE_BLOCK`] in the same transaction, so every fence in a committed record is at or
@@ -122,8 +123,9 @@ pub(crate) fn write_batch(
     ops: &[Op],
     reserved: &mut u64,
     commit: Commit,
-) -> Result<()> {
+) -> Result<i64> {
     let mut txn = db.begin_write()?;
+    let mut bytes = 0i64;
     if commit == Commit::Journaled {
         txn.set_durability(redb::Durability::None)?;
     }
@@ -141,15 +143,18 @@ pub(crate) fn write_batch(
                     replaces,
                 } => {
                     if let Some(gone) = replaces {
-                        delete(&txn, &mut records, &mut expiry, gone)?;
+                        bytes -= delete(&txn, &mut records, &mut expiry, gone)?;
                     }
-                    records.insert(*fence, value.as_slice())?;
+                    if let Some(old) = records.insert(*fence, value.as_slice())? {
+                        bytes -= len_i64(old.value().len());
+                    }
+                    bytes += len_i64(value.len());
                     if let Some(t) = expires {
                         lazy(&txn, &mut expiry, EXPIRY)?.insert(expiry_key(*t, *fence), &**key)?;
                     }
                     high_fence = high_fence.max(*fence);
                 }
-                Op::Delete(gone) => delete(&txn, &mut records, &mut expiry, gone)?,
+                Op::Delete(gone) => bytes -= delete(&txn, &mut records, &mut expiry, gone)?,
             }
         }
     }
@@ -176,7 +181,11 @@ pub(crate) fn write_batch(
     if raise {
         *reserved = new_reserved;
     }
-    Ok(())
+    Ok(bytes)
+}
+
+fn len_i64(len: usize) -> i64 {
+    i64::try_from(len).unwrap_or(i64::MAX)
 }
 
 fn delete<'t>(
@@ -184,12 +193,14 @@ fn delete<'t>(
     records: &mut redb::Table<'t, u64, &'static [u8]>,
     expiry: &mut Option<redb::Table<'t, u128, &'static [u8]>>,
     gone: &Gone,
-) -> Result<()> {
-    records.remove(gone.fence)?;
+) -> Result<i64> {
+    let removed = records
+        .remove(gone.fence)?
+        .map_or(0, |old| len_i64(old.value().len()));
     if let Some(t) = gone.expiry {
         lazy(txn, expiry, EXPIRY)?.remove(expiry_key(t, gone.fence))?;
     }
-    Ok(())
+    Ok(removed)
 }
 
 /// Opens a table the first time a batch needs it: most batches of claims never touch `expiry`.
@@ -208,6 +219,9 @@ fn lazy<'s, 't, K: redb::Key + 'static, V: redb::Value + 'static>(
 pub(crate) struct Loaded {
     /// The highest fence any record or the reservation accounts for.
     pub(crate) high_fence: u64,
+    /// The bytes of every record's value (its encoded key, fingerprint, times and response):
+    /// what `max_store_bytes` limits.
+    pub(crate) record_bytes: u64,
     /// The fence reservation on disk.
     pub(crate) reserved: u64,
 }
@@ -407,7 +421,7 @@ pub(crate) fn load(db: &Database, index: &Index, reserved: u64, file_bytes: u64)
             first + u64::try_from(offset).expect("an offset within the fence range")
         })
         .collect();
-    let scanned: Vec<Result<Option<(u64, u64)>>> = std::thread::scope(|s| {
+    let scanned: Vec<Result<Option<(u64, u64, u64)>>> = std::thread::scope(|s| {
         let workers: Vec<_> = (0..parts)
             .map(|i| {
                 let (records, start, end) = (&records, bounds[i], bounds.get(i + 1).copied());
@@ -424,11 +438,13 @@ pub(crate) fn load(db: &Database, index: &Index, reserved: u64, file_bytes: u64)
     });
     let mut high_fence = reserved;
     let mut found = 0;
+    let mut record_bytes = 0;
     for part in scanned {
         match part? {
-            Some((high, n)) => {
+            Some((high, n, bytes)) => {
                 high_fence = high_fence.max(high);
                 found += n;
+                record_bytes += bytes;
             }
             None => return Ok(Scan::Collision),
         }
@@ -453,6 +469,7 @@ pub(crate) fn load(db: &Database, index: &Index, reserved: u64, file_bytes: u64)
     }
     Ok(Scan::Loaded(Loaded {
         high_fence,
+        record_bytes,
         reserved,
     }))
 }
@@ -471,13 +488,14 @@ fn scan(
     index: &Index,
     start: u64,
     end: Option<u64>,
-) -> Result<Option<(u64, u64)>> {
+) -> Result<Option<(u64, u64, u64)>> {
     let range = match end {
         Some(end) => records.range(start..end)?,
         None => records.range(start..)?,
     };
     let mut high_fence = 0;
     let mut scanned = 0;
+    let mut bytes = 0;
     let mut previous: Option<u64> = None;
     // Slots are gathered per stripe and inserted a stripe at a time, so the stripe's table is
     // in the CPU cache while it fills: inserting each record as it is read would touch a random
@@ -501,6 +519,7 @@ fn scan(
         }
         previous = Some(fence_value);
         scanned += 1;
+        bytes += value.value().len() as u64;
         let (key, head) = decode_head_at(fence_value, value.value())?;
         high_fence = high_fence.max(head.fence);
         if high_fence > MAX_FENCE {
@@ -522,7 +541,7 @@ fn scan(
     if !insert_pending(records, index, &mut pending)? {
         return Ok(None);
     }
-    Ok(Some((high_fence, scanned)))
+    Ok(Some((high_fence, scanned, bytes)))
 }
 
 /// Records gathered before their slots go into the index.

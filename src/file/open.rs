@@ -176,8 +176,7 @@ fn start(
         config,
         index,
         db.into_inner(),
-        loaded.reserved,
-        loaded.high_fence,
+        &loaded,
         journal,
     ))
 }
@@ -212,6 +211,7 @@ fn recover_journal(
         header_floor: meta.journal_header,
     };
     let (mut journal, ops) = Journal::recover(file, binding, source.capacity)?;
+    // The records' bytes are counted by the scan that follows.
     journal.checkpoint(db, &ops, reserved)?;
     Ok(journal)
 }

@@ -57,14 +57,13 @@ pub(crate) enum Attempt {
 }
 
 impl FileStore {
-    /// A store over `db`, whose records `index` was built from. Fences start above
-    /// `high_fence`; `reserved` is the reservation the file holds.
+    /// A store over `db`, whose records `index` was built from by the scan that found
+    /// `loaded`: fences start above its highest; its reservation is the file's.
     pub(crate) fn assemble(
         config: Config,
         index: Index,
         db: redb::Database,
-        reserved: u64,
-        high_fence: u64,
+        loaded: &disk::Loaded,
         journal: Option<Journal>,
     ) -> FileStore {
         let watchers = Arc::new(Watchers::default());
@@ -75,12 +74,18 @@ impl FileStore {
         FileStore {
             inner: Arc::new(Inner {
                 index,
-                pipeline: Arc::new(Pipeline::new(db, reserved, journal, on_halt)),
+                pipeline: Arc::new(Pipeline::new(
+                    db,
+                    loaded.reserved,
+                    loaded.record_bytes,
+                    journal,
+                    on_halt,
+                )),
                 watchers,
                 replays: ReplayCache::new(config.replay_cache_bytes),
                 config,
                 counters: Arc::default(),
-                next_fence: AtomicU64::new(high_fence + 1),
+                next_fence: AtomicU64::new(loaded.high_fence + 1),
             }),
         }
     }
@@ -189,6 +194,13 @@ impl FileStore {
             claimed_at: now,
             state: RecordState::InProgress { lease_until },
         };
+        let value = record.encode(&key.bytes);
+        if let (Some(limit), None) = (inner.config.max_store_bytes, &replaces) {
+            let bytes = inner.pipeline.record_bytes();
+            if bytes.saturating_add(value.len() as u64) > limit {
+                return Err(Error::StoreFull { bytes, limit });
+            }
+        }
         // Only a record for a key that holds none counts against its tenant.
         let tenants = inner.index.tenants.as_ref().filter(|_| replaces.is_none());
         if let Some(tenants) = tenants {
@@ -197,7 +209,7 @@ impl FileStore {
         let queued = inner.pipeline.enqueue(Op::Put {
             fence,
             key: key.bytes.clone(),
-            value: record.encode(&key.bytes),
+            value,
             expiry: None,
             replaces,
         });
@@ -665,6 +677,8 @@ impl FileStore {
         let inner = &*self.inner;
         let live = u64::try_from(inner.index.len()).unwrap_or(u64::MAX);
         let p = &inner.pipeline;
-        inner.counters.snapshot(p.batches(), p.checkpoints(), live)
+        inner
+            .counters
+            .snapshot(p.batches(), p.checkpoints(), live, p.record_bytes())
     }
 }

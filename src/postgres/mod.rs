@@ -298,9 +298,16 @@ fn random_owner() -> String {
 
 /// Connects a store to the database at `url`, creating or checking its schema.
 pub(crate) fn connect(mut config: Config, url: &str) -> Result<PgStore> {
-    if config.max_live_per_tenant.is_some() {
+    let unsupported = [
+        (
+            config.max_live_per_tenant.is_some(),
+            "max_live_records_per_tenant",
+        ),
+        (config.max_store_bytes.is_some(), "max_store_bytes"),
+    ];
+    if let Some((_, name)) = unsupported.iter().find(|(set, _)| *set) {
         return Err(Error::Unsupported {
-            what: "max_live_records_per_tenant on PostgreSQL (store files only, for now)".into(),
+            what: format!("{name} on PostgreSQL (store files only, for now)"),
         });
     }
     let mut pg: tokio_postgres::Config = url.parse().map_err(|e| Error::Database {
@@ -898,6 +905,7 @@ impl PgStore {
             self.shared.context.commits.load(Ordering::Relaxed),
             0,
             u64::try_from(live).unwrap_or_default(),
+            0,
         );
         stats.withdrawn += self.shared.context.withdrawn.load(Ordering::Relaxed);
         stats

@@ -484,6 +484,8 @@ impl Journal {
     /// dead (the store file holds it) and `ops` are durable. A store file rolled back past this
     /// checkpoint, or an old copy of the journal put beside it, is refused at the next open.
     ///
+    /// Returns by how much `ops` changed the records' bytes.
+    ///
     /// # Errors
     /// The commits' and the header write's errors; `ops` may or may not be durable then.
     pub(crate) fn checkpoint(
@@ -491,17 +493,17 @@ impl Journal {
         db: &redb::Database,
         ops: &[Op],
         reserved: &mut u64,
-    ) -> Result<()> {
+    ) -> Result<i64> {
         let epoch = self.epoch + 1;
         let commit = Commit::Checkpoint {
             epoch,
             journal_bytes: self.made,
         };
-        write_batch(db, ops, reserved, commit)?;
+        let bytes = write_batch(db, ops, reserved, commit)?;
         self.restart(epoch)?;
         write_batch(db, &[], reserved, Commit::HeaderWritten { epoch })?;
         self.recorded_slot = self.written_slot;
-        Ok(())
+        Ok(bytes)
     }
 
     /// Bytes written into the current epoch.
