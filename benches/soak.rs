@@ -6,19 +6,23 @@
 //! IDEMDB_SOAK_SECONDS=60 cargo bench --features http --bench soak   # a short look
 //! ```
 //!
-//! One process: an axum server with the `IdempotencyLayer` (duplicates wait for the first
+//! The server: an axum server with the `IdempotencyLayer` (duplicates wait for the first
 //! attempt, handlers run detached on tokio) over a store file on the build's disk
-//! (`target/tmp`, or `IDEMDB_BENCH_DIR`), and `IDEMDB_SOAK_CLIENTS` (64) client threads with
-//! their own connections. Each request is a new payment, or a retry of a recent one (a
-//! duplicate, often while the first is still running), or a reuse of a key with another amount;
-//! some clients give up after 20 ms (the response is lost) and retry. Handlers answer 201, now
-//! and then 503 (the key is released, the retry runs again), and now and then run past their
-//! lease (the retry takes over). Beside it, `purge_expired` every second and `reap` every five
-//! (releasing what it finds), and the store's clock, injected, runs 20 times faster than the
-//! real one, so a 60 s TTL and a 5 s lease churn records all the time.
+//! (`target/tmp`, or `IDEMDB_BENCH_DIR`). The clients: `IDEMDB_SOAK_CLIENTS` (64) threads with
+//! their own connections, in a child process (this binary again, told so by
+//! `IDEMDB_SOAK_CLIENTS_OF`), so that the memory and descriptors sampled are the server's
+//! alone; the child reports each interval's requests on its standard output.
 //!
-//! Every 5 s it samples the process's resident memory, open file descriptors, the store and
-//! journal file sizes, live records, requests per second and their p99, and at the end prints
+//! Each request is a new payment, or a retry of a recent one (a duplicate, often while the
+//! first is still running), or a reuse of a key with another amount; some clients give up after
+//! 20 ms (the response is lost) and retry. Handlers answer 201, now and then 503 (the key is
+//! released, the retry runs again), and now and then run past their lease (the retry takes
+//! over). Beside it, `purge_expired` every second and `reap` every five (releasing what it
+//! finds), and the store's clock, injected, runs 20 times faster than the real one, so a 60 s
+//! TTL and a 5 s lease churn records all the time.
+//!
+//! Every 5 s it samples the server process's resident memory, open file descriptors, the store
+//! and journal file sizes, live records, requests per second and their p99, and at the end prints
 //! the table, whether each figure stayed flat after the first fifth (the warm-up), and writes
 //! `soak.csv` and `soak.svg` (four panels over time) to `target/soak/`.
 
@@ -197,9 +201,48 @@ fn client(base: &str, id: u64, stop: &AtomicBool, stats: &Mutex<Interval>) {
     }
 }
 
+/// The environment variable that makes this binary the clients' process, and the server's
+/// address.
+const CLIENTS_OF: &str = "IDEMDB_SOAK_CLIENTS_OF";
+
+/// The clients' process: runs the client threads against `base` and prints, every
+/// [`SAMPLE_EVERY`], one line `<2xx> <409> <422> <503> <other> <lost> <p99 us>`, until its
+/// standard input closes (the server's process ended or killed it).
+fn run_clients(base: &str, clients: u64) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let stats = Arc::new(Mutex::new(Interval::default()));
+    for id in 0..clients {
+        let (base, stop, stats) = (base.to_owned(), Arc::clone(&stop), Arc::clone(&stats));
+        std::thread::spawn(move || client(&base, id, &stop, &stats));
+    }
+    {
+        let stop = Arc::clone(&stop);
+        std::thread::spawn(move || {
+            let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut Vec::new());
+            stop.store(true, Ordering::Relaxed);
+        });
+    }
+    while !stop.load(Ordering::Relaxed) {
+        std::thread::sleep(SAMPLE_EVERY);
+        let interval = std::mem::take(&mut *stats.lock().unwrap());
+        let mut lat = interval.latencies;
+        lat.sort_unstable();
+        let p99 = lat.get(lat.len() * 99 / 100).copied().unwrap_or(0);
+        let st = interval.statuses;
+        println!(
+            "{} {} {} {} {} {} {p99}",
+            st[0], st[1], st[2], st[3], st[4], st[5]
+        );
+    }
+}
+
 fn main() {
     let seconds = env("IDEMDB_SOAK_SECONDS", 600);
     let clients = env("IDEMDB_SOAK_CLIENTS", 64);
+    if let Ok(base) = std::env::var(CLIENTS_OF) {
+        run_clients(&base, clients);
+        return;
+    }
     let root = std::env::var_os("IDEMDB_BENCH_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_TARGET_TMPDIR")));
@@ -245,12 +288,16 @@ fn main() {
     rt.spawn(async move { axum::serve(listener, app).await.unwrap() });
 
     let stop = Arc::new(AtomicBool::new(false));
-    let stats = Arc::new(Mutex::new(Interval::default()));
     let mut threads = Vec::new();
-    for id in 0..clients {
-        let (base, stop, stats) = (base.clone(), Arc::clone(&stop), Arc::clone(&stats));
-        threads.push(std::thread::spawn(move || client(&base, id, &stop, &stats)));
-    }
+    let mut clients_process = std::process::Command::new(std::env::current_exe().unwrap())
+        .env(CLIENTS_OF, &base)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start the clients' process");
+    let reports = std::io::BufRead::lines(std::io::BufReader::new(
+        clients_process.stdout.take().unwrap(),
+    ));
     // The store's time, 20 times the real one; purge every second, reap every five.
     {
         let (stop, store, clock) = (Arc::clone(&stop), store.clone(), clock.clone());
@@ -280,13 +327,17 @@ fn main() {
     println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let began = Instant::now();
     let mut samples = Vec::new();
-    while began.elapsed() < Duration::from_secs(seconds) {
-        std::thread::sleep(SAMPLE_EVERY);
-        let interval = std::mem::take(&mut *stats.lock().unwrap());
-        let mut lat = interval.latencies;
-        lat.sort_unstable();
-        let p99 = lat.get(lat.len() * 99 / 100).copied().unwrap_or(0);
-        let requests: u64 = interval.statuses.iter().sum();
+    for report in reports {
+        if began.elapsed() >= Duration::from_secs(seconds) {
+            break;
+        }
+        let figures: Vec<u64> = report
+            .expect("a report from the clients")
+            .split_whitespace()
+            .map(|f| f.parse().expect("a figure"))
+            .collect();
+        let (st, p99) = (&figures[..6], figures[6]);
+        let requests: u64 = st.iter().sum();
         let sample = Sample {
             at: began.elapsed().as_secs_f64(),
             rss_kib: rss_kib(),
@@ -296,7 +347,6 @@ fn main() {
             rps: requests as f64 / SAMPLE_EVERY.as_secs_f64(),
             p99_ms: p99 as f64 / 1000.0,
         };
-        let st = interval.statuses;
         println!(
             "| {:5.0} | {:7.1} | {:3} | {:9.1} | {:12} | {:5.0} | {:6.1} | {} | {} | {} | {} | {} |",
             sample.at,
@@ -315,6 +365,9 @@ fn main() {
         samples.push(sample);
     }
     stop.store(true, Ordering::Relaxed);
+    drop(clients_process.stdin.take());
+    let _ = clients_process.kill();
+    let _ = clients_process.wait();
     for t in threads {
         t.join().unwrap();
     }
