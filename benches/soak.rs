@@ -33,6 +33,7 @@ use axum::response::IntoResponse;
 use axum::routing::post;
 use axum::Router;
 use idemdb::http::IdempotencyLayer;
+use idemdb::simulation::SplitMix64;
 use idemdb::{ManualClock, Resolution, Store};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -49,27 +50,6 @@ fn env(name: &str, default: u64) -> u64 {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
-}
-
-/// A small deterministic generator (SplitMix64) per client thread.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-
-    fn index(&mut self, len: usize) -> usize {
-        usize::try_from(self.below(len as u64)).expect("below a usize")
-    }
 }
 
 #[derive(Clone)]
@@ -139,7 +119,7 @@ fn file_bytes(dir: &Path) -> u64 {
 }
 
 fn client(base: &str, id: u64, stop: &AtomicBool, stats: &Mutex<Interval>) {
-    let mut rng = Rng(0x5eed ^ id);
+    let mut rng = SplitMix64::new(0x5eed ^ id);
     let patient: ureq::Agent = ureq::Agent::config_builder()
         .http_status_as_error(false)
         .timeout_global(Some(Duration::from_secs(30)))

@@ -305,6 +305,7 @@ fn a_batch_whose_sync_failed_is_not_read_back_from_the_page_cache() {
     store
         .complete(kept, response("acknowledged", fence))
         .unwrap();
+    let before = store.stats();
     disk.fail_sync_after(0, true);
     assert!(store.claim(&scope(), "failed", fp()).is_err());
     assert!(
@@ -314,6 +315,16 @@ fn a_batch_whose_sync_failed_is_not_read_back_from_the_page_cache() {
     disk.clear_faults();
     until_healed(&store, Duration::from_secs(10));
     assert!(store.get(&scope(), "failed").unwrap().is_none());
+    // The counters go on across the heal rather than start again from the new store's.
+    let after = store.stats();
+    assert!(
+        after.commit_batches >= before.commit_batches,
+        "{before:?} -> {after:?}"
+    );
+    assert_eq!(
+        (after.acquired, after.completes),
+        (before.acquired, before.completes)
+    );
     match store.claim(&scope(), "acknowledged", fp()).unwrap() {
         Claim::Replay(r) => assert_eq!(r, response("acknowledged", fence)),
         other => panic!("{other:?}"),

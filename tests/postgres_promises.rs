@@ -493,6 +493,27 @@ fn a_claim_stuck_behind_a_row_lock_does_not_stall_other_keys() {
     });
 }
 
+/// The sessions of the store whose tables are in `schema` (their last statement names it).
+fn sessions_of(schema: &str) -> String {
+    format!(
+        "SELECT pid FROM pg_stat_activity
+         WHERE pid <> pg_backend_pid() AND query LIKE '%\"{schema}\".%'"
+    )
+}
+
+/// Asks the server to end those sessions (it does so asynchronously); how many it was asked to.
+async fn end_sessions_of(admin: &Client, schema: &str) -> i64 {
+    let sessions = sessions_of(schema);
+    admin
+        .query_one(
+            &format!("SELECT count(pg_terminate_backend(pid)) FROM ({sessions}) s"),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
 /// A blocking caller alone runs its statement on a connection its own thread drives (the
 /// direct lane), and that connection's task only runs while a caller is inside it. A session
 /// the server ended while the lane sat idle (an idle timeout, a restart, a failover) must be
@@ -512,20 +533,14 @@ fn a_lane_connection_the_server_closed_while_idle_is_replaced_before_use() {
     store.complete(t, Response::new(201, "charged")).unwrap();
 
     let admin = rt.block_on(outside(&url()));
-    let sessions = format!(
-        "SELECT pid FROM pg_stat_activity
-         WHERE pid <> pg_backend_pid() AND query LIKE '%\"{schema}\".%'"
-    );
-    let ended: i64 = rt
-        .block_on(admin.query_one(
-            &format!("SELECT count(pg_terminate_backend(pid)) FROM ({sessions}) s"),
-            &[],
-        ))
-        .unwrap()
-        .get(0);
+    let ended = rt.block_on(end_sessions_of(&admin, &schema));
     assert!(ended >= 1, "no session of the store to end");
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !rt.block_on(admin.query(&sessions, &[])).unwrap().is_empty() {
+    while !rt
+        .block_on(admin.query(&sessions_of(&schema), &[]))
+        .unwrap()
+        .is_empty()
+    {
         assert!(Instant::now() < deadline, "the ended sessions did not go");
         std::thread::sleep(Duration::from_millis(10));
     }
@@ -559,17 +574,13 @@ fn a_session_the_server_ends_fails_at_most_the_statement_it_was_sent() {
         .unwrap();
     let fp = Fingerprint::of(b"pay");
     let admin = rt.block_on(outside(&url()));
-    let end_sessions = format!(
-        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
-         WHERE pid <> pg_backend_pid() AND query LIKE '%\"{schema}\".%'"
-    );
     for round in 0..50 {
         std::mem::forget(acquired(store.claim(
             &scope(),
             &format!("live-{round}"),
             fp,
         )));
-        rt.block_on(admin.execute(&end_sessions, &[])).unwrap();
+        rt.block_on(end_sessions_of(&admin, &schema));
         // Sent while the session ends: it may fail.
         match store.claim(&scope(), &format!("ending-{round}"), fp) {
             Ok(Claim::Acquired(t)) => std::mem::forget(t),

@@ -14,6 +14,7 @@
 
 use arbitrary::Arbitrary;
 use idemdb::http::fuzzing::canonicalize;
+use idemdb::simulation::SplitMix64;
 use libfuzzer_sys::fuzz_target;
 
 #[derive(Arbitrary, Debug)]
@@ -33,30 +34,13 @@ enum Value {
     Object(Vec<(String, Value)>),
 }
 
-/// A small deterministic generator (SplitMix64) choosing each spelling.
-struct Choices(u64);
-
-impl Choices {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
-fn space(out: &mut String, c: &mut Choices) {
+fn space(out: &mut String, c: &mut SplitMix64) {
     for _ in 0..c.below(3) {
         out.push([' ', '\t', '\n', '\r'][c.below(4) as usize]);
     }
 }
 
-fn string(out: &mut String, s: &str, c: &mut Choices) {
+fn string(out: &mut String, s: &str, c: &mut SplitMix64) {
     out.push('"');
     for ch in s.chars() {
         let short = match ch {
@@ -86,7 +70,7 @@ fn string(out: &mut String, s: &str, c: &mut Choices) {
     out.push('"');
 }
 
-fn number(out: &mut String, value: &Value, c: &mut Choices) {
+fn number(out: &mut String, value: &Value, c: &mut SplitMix64) {
     match *value {
         Value::Int(i) => match c.below(4) {
             0 => out.push_str(&i.to_string()),
@@ -104,7 +88,7 @@ fn number(out: &mut String, value: &Value, c: &mut Choices) {
     }
 }
 
-fn write(out: &mut String, value: &Value, c: &mut Choices) {
+fn write(out: &mut String, value: &Value, c: &mut SplitMix64) {
     space(out, c);
     match value {
         Value::Null => out.push_str("null"),
@@ -147,7 +131,7 @@ fn write(out: &mut String, value: &Value, c: &mut Choices) {
 
 fn spelled(value: &Value, seed: u64) -> String {
     let mut out = String::new();
-    write(&mut out, value, &mut Choices(seed));
+    write(&mut out, value, &mut SplitMix64::new(seed));
     out
 }
 
