@@ -317,11 +317,49 @@ impl StoreBuilder {
     pub fn open(self, path: impl AsRef<Path>) -> Result<Store> {
         let path = path.as_ref();
         let store = crate::file::open::file(self.config.clone(), path)?;
-        Ok(Store::file(crate::file::heal::Healing::new(
-            store,
-            crate::file::heal::Source::File(path.to_owned()),
-            self.config,
-        )))
+        Ok(self.serve(store, crate::file::heal::Source::File(path.to_owned())))
+    }
+
+    /// Creates a store file at `path`, which must not exist, holding the records
+    /// [`Store::export`] wrote to `input`, and opens it; returns the store and how many records
+    /// it holds. Fences are kept and the store's next fences are larger; claims in progress
+    /// arrive as orphans (their holders were another store's), which [`Store::reap`] offers
+    /// at once.
+    ///
+    /// All or nothing: the file is made under a temporary name, every record written in one
+    /// durable commit (`fdatasync(2)`), then linked into place and its directory fsynced, so a
+    /// failure or a crash leaves no store at `path`.
+    ///
+    /// ```
+    /// use idemdb::{Claim, Fingerprint, Response, Scope, Store};
+    /// let dir = tempfile::tempdir()?;
+    /// let old = Store::open(dir.path().join("old.idem"))?;
+    /// let scope = Scope::new("t", "POST /x");
+    /// let Claim::Acquired(t) = old.claim(&scope, "k1", Fingerprint::of(b"x"))? else { panic!() };
+    /// old.complete(t, Response::new(201, "done"))?;
+    /// let mut lines = Vec::new();
+    /// old.export(&mut lines)?;
+    /// let (new, n) = Store::builder().import_new(dir.path().join("new.idem"), lines.as_slice())?;
+    /// assert_eq!(n, 1);
+    /// assert!(matches!(new.claim(&scope, "k1", Fingerprint::of(b"x"))?, Claim::Replay(_)));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidImport`] for a line that is not an exported record (naming the
+    /// line), a key or fence twice, or a `path` that exists; [`crate::Error::Io`] if `input`
+    /// or the disk fails; then nothing is created. The errors of [`StoreBuilder::open`].
+    #[cfg(feature = "export")]
+    pub fn import_new(
+        self,
+        path: impl AsRef<Path>,
+        input: impl std::io::BufRead,
+    ) -> Result<(Store, u64)> {
+        let path = path.as_ref();
+        let records = crate::transfer::read_lines(input)?;
+        let store = crate::file::import::new_file(self.config.clone(), path, &records)?;
+        let store = self.serve(store, crate::file::heal::Source::File(path.to_owned()));
+        Ok((store, u64::try_from(records.len()).unwrap_or(u64::MAX)))
     }
 
     /// A store held in memory only, for tests: same semantics, nothing survives the process.
@@ -329,13 +367,8 @@ impl StoreBuilder {
     /// # Errors
     /// Only if the storage engine fails to initialise, which it does not in memory.
     pub fn in_memory(self) -> Result<Store> {
-        crate::file::open::in_memory(self.config.clone()).map(|store| {
-            Store::file(crate::file::heal::Healing::new(
-                store,
-                crate::file::heal::Source::Memory,
-                self.config,
-            ))
-        })
+        crate::file::open::in_memory(self.config.clone())
+            .map(|store| self.serve(store, crate::file::heal::Source::Memory))
     }
 
     /// Opens the store on a simulated disk. For idemdb's own crash tests and fuzzing only:
@@ -351,10 +384,11 @@ impl StoreBuilder {
             self.config.heal_after = None;
         }
         let store = crate::file::open::simulated(self.config.clone(), disk)?;
-        Ok(Store::file(crate::file::heal::Healing::new(
-            store,
-            crate::file::heal::Source::Simulated(disk.clone()),
-            self.config,
-        )))
+        Ok(self.serve(store, crate::file::heal::Source::Simulated(disk.clone())))
+    }
+
+    /// The public store over a file store just opened, healing as configured.
+    fn serve(self, store: crate::file::FileStore, source: crate::file::heal::Source) -> Store {
+        Store::file(crate::file::heal::Healing::new(store, source, self.config))
     }
 }

@@ -7,10 +7,12 @@ use crate::claim::{Claim, Entry, Resolution, StaleClaim, Ticket};
 use crate::error::Result;
 use crate::file::heal::Healing;
 use crate::fingerprint::Fingerprint;
+use crate::listing::{ListedRecord, Query};
 use crate::response::Response;
 use crate::scope::Scope;
 use crate::stats::Stats;
 use std::future::Future;
+use std::ops::ControlFlow;
 use std::time::Duration;
 
 /// An idempotency-key store: over one redb file owned by this process ([`Store::open`]), or over
@@ -358,34 +360,119 @@ impl Store {
         waiting
     }
 
+    /// Hands the records `query` selects to `each`, one at a time, until `each` returns
+    /// `ControlFlow::Break` or the query's limit is reached, and returns how many it handed
+    /// over. Each comes with its status at the store's clock (in progress, stale, orphan,
+    /// completed, expired) and all of it, the stored response included. On a file the records
+    /// come in fence order (oldest claim first); on PostgreSQL in key order.
+    ///
+    /// This is the inspection the `idemdb` command offers, for a service to offer it live: a
+    /// file store cannot be opened by a second process while the service holds it.
+    ///
+    /// ```
+    /// use idemdb::{Claim, Fingerprint, Query, RecordStatus, Response, Scope, Store};
+    /// use std::ops::ControlFlow;
+    /// let store = Store::in_memory()?;
+    /// let scope = Scope::new("tenant_42", "POST /v1/payments");
+    /// let Claim::Acquired(t) = store.claim(&scope, "k1", Fingerprint::of(b"a"))? else { panic!() };
+    /// store.complete(t, Response::new(201, "paid"))?;
+    /// let Claim::Acquired(held) = store.claim(&scope, "k2", Fingerprint::of(b"b"))? else { panic!() };
+    /// let mut in_progress = Vec::new();
+    /// store.scan(&Query::all().status(RecordStatus::InProgress), |record| {
+    ///     in_progress.push(record.key);
+    ///     ControlFlow::Continue(())
+    /// })?;
+    /// assert_eq!(in_progress, ["k2"]);
+    /// # drop(held);
+    /// # Ok::<(), idemdb::Error>(())
+    /// ```
+    ///
+    /// # Concurrency
+    /// On a file, the index is read once every queued write landed, then the records a
+    /// thousand at a time, each thousand in one snapshot, while the store keeps serving: a
+    /// record that changes during the scan is handed over as it was read, and a record claimed
+    /// after the scan started may be missing. On PostgreSQL, a thousand rows per statement.
+    /// The scan holds no lock while `each` runs, so `each` may call the store.
+    ///
+    /// # Errors
+    /// [`crate::Error::Corrupted`] for a record that fails its checksum;
+    /// [`crate::Error::Halted`] after a failed commit.
+    /// On PostgreSQL, [`crate::Error::Database`] if the database fails or cannot be reached.
+    pub fn scan(
+        &self,
+        query: &Query,
+        each: impl FnMut(ListedRecord) -> ControlFlow<()>,
+    ) -> Result<u64> {
+        let mut handed = 0;
+        let mut filter = crate::listing::filtered(query, each, &mut handed);
+        if query.max_records() > 0 {
+            dispatch!(self, e => e.scan_each(query, &mut filter))?;
+        }
+        drop(filter);
+        Ok(handed)
+    }
+
+    /// The records `query` selects, as [`Store::scan`] hands them over: mind the query's
+    /// limit on a large store, since each record holds its whole response.
+    ///
+    /// # Errors
+    /// As [`Store::scan`].
+    pub fn list(&self, query: &Query) -> Result<Vec<ListedRecord>> {
+        let mut out = Vec::new();
+        self.scan(query, |record| {
+            out.push(record);
+            ControlFlow::Continue(())
+        })?;
+        Ok(out)
+    }
+
     /// Writes every live record (claims in progress, completions not yet expired) to `out`,
     /// one JSON line each, with its fence, fingerprint, times and whole response, so that
     /// [`Store::import`] into another store (a PostgreSQL one, when a service outgrows one
-    /// process) answers every claim as this one did. Returns how many records it wrote. The
-    /// line format is in `docs/postgres.md`.
+    /// process) or [`crate::StoreBuilder::import_new`] into a new file answers every claim as this
+    /// one did. Returns how many records it wrote. The line format is in `docs/postgres.md`.
     ///
     /// # Concurrency
-    /// Records are read a page at a time, each page in one snapshot, while the store keeps
-    /// serving: for an exact move, stop the writers first (a claim made during the export may
-    /// be missing from it).
+    /// As [`Store::scan`]: for an exact move, stop the writers first (a claim made during the
+    /// export may be missing from it).
     ///
     /// # Errors
     /// [`crate::Error::Io`] if `out` fails; the store's read errors
     /// ([`crate::Error::Corrupted`], [`crate::Error::Halted`], [`crate::Error::Database`]).
-    #[cfg(feature = "postgres")]
+    #[cfg(feature = "export")]
     pub fn export(&self, mut out: impl std::io::Write) -> Result<u64> {
-        let mut write =
-            |m: crate::transfer::Moved| writeln!(out, "{}", m.to_line()).map_err(crate::Error::Io);
-        let n = dispatch!(self, e => e.export_each(&mut write))?;
+        use crate::listing::RecordStatus;
+        let live = Query::all()
+            .status(RecordStatus::InProgress)
+            .status(RecordStatus::Stale)
+            .status(RecordStatus::Orphan)
+            .status(RecordStatus::Completed);
+        let (mut exported, mut failed) = (0, None);
+        dispatch!(self, e => e.scan_each(&live, |moved, _, _| {
+            match writeln!(out, "{}", moved.to_line()) {
+                Ok(()) => {
+                    exported += 1;
+                    ControlFlow::Continue(())
+                }
+                Err(err) => {
+                    failed = Some(crate::Error::Io(err));
+                    ControlFlow::Break(())
+                }
+            }
+        }))?;
+        if let Some(e) = failed {
+            return Err(e);
+        }
         out.flush().map_err(crate::Error::Io)?;
-        Ok(n)
+        Ok(exported)
     }
 
     /// Reads the records [`Store::export`] wrote into this store, which must hold no record:
     /// all of them in one transaction, or none. Fences are kept, and the store's next fences
     /// are larger than every imported one; claims in progress arrive as orphans (their holders
     /// were another store's), which [`Store::reap`] offers at once. Returns how many records
-    /// it imported. Only a PostgreSQL store imports, for now.
+    /// it imported. A PostgreSQL store imports this way; a file imports when it is made, with
+    /// [`crate::StoreBuilder::import_new`].
     ///
     /// ```no_run
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -402,15 +489,21 @@ impl Store {
     ///
     /// # Errors
     /// [`crate::Error::InvalidImport`] for a line that is not an exported record (naming the
-    /// line), a key twice, a store that is not empty or is a file store; nothing is imported
-    /// then. [`crate::Error::Io`] if `input` fails; [`crate::Error::Database`].
-    #[cfg(feature = "postgres")]
+    /// line), a key twice, a store that is not empty or is a file store (make a new file with
+    /// [`crate::StoreBuilder::import_new`]); nothing is imported then. [`crate::Error::Io`] if `input`
+    /// fails; [`crate::Error::Database`].
+    #[cfg(feature = "export")]
     pub fn import(&self, input: impl std::io::BufRead) -> Result<u64> {
+        #[cfg(not(feature = "postgres"))]
+        drop(input);
         match &self.engine {
             Engine::File(_) => Err(crate::Error::InvalidImport {
                 line: 0,
-                reason: "a file store does not import (yet): import into a PostgreSQL store".into(),
+                reason: "an open file store does not import: make a new file with \
+                         StoreBuilder::import_new, or import into a PostgreSQL store"
+                    .into(),
             }),
+            #[cfg(feature = "postgres")]
             Engine::Postgres(pg) => pg.import_all(crate::transfer::read_lines(input)?),
         }
     }

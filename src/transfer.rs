@@ -4,35 +4,13 @@
 
 use crate::error::{Error, Result};
 use crate::fingerprint::Fingerprint;
+use crate::listing::{Moved, MovedState};
 use crate::response::Response;
 use crate::scope::{validate_key, Scope};
 use serde_json::{json, Value};
 
 /// The version every exported line carries; an import refuses any other.
 const LINE_VERSION: u64 = 1;
-
-/// One live record on its way between stores.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Moved {
-    pub(crate) scope: Scope,
-    pub(crate) key: String,
-    pub(crate) fence: u64,
-    pub(crate) fingerprint: Fingerprint,
-    pub(crate) claimed_at: u64,
-    pub(crate) state: MovedState,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum MovedState {
-    InProgress {
-        lease_until: u64,
-    },
-    Completed {
-        completed_at: u64,
-        expires_at: u64,
-        response: Response,
-    },
-}
 
 impl Moved {
     /// The record as one JSON line (without the newline).

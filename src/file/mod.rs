@@ -6,14 +6,15 @@
 pub(crate) mod asynchronous;
 pub(crate) mod commit;
 pub(crate) mod disk;
-#[cfg(feature = "postgres")]
-pub(crate) mod export;
 pub(crate) mod heal;
+#[cfg(feature = "export")]
+pub(crate) mod import;
 pub(crate) mod index;
 pub(crate) mod journal;
 pub(crate) mod maintenance;
 pub(crate) mod open;
 pub(crate) mod platform;
+pub(crate) mod scan;
 pub(crate) mod store;
 pub(crate) mod tenants;
 pub(crate) mod watch;

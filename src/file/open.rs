@@ -25,7 +25,8 @@ const SIMULATED_JOURNAL_BYTES: u64 = 64 << 10;
 /// Opens (or creates) the store file at `path` and its journal beside it.
 pub(crate) fn file(config: Config, path: &Path) -> Result<FileStore> {
     if !path.try_exists()? {
-        create_atomically(path)?;
+        // Another process may create it meanwhile: then that one is opened.
+        create_atomically(path, |_| Ok(()))?;
     }
     // redb would make an empty file into a new database: a store truncated to nothing must not
     // quietly become a new, empty one.
@@ -271,27 +272,37 @@ fn contain_panics(open: impl FnOnce() -> Result<FileStore>) -> Result<FileStore>
     }
 }
 
-/// Creates an initialised store file at `path`. The file is built under a temporary name in the
-/// same directory and fsynced, then hard-linked into place, which fails rather than replace a
-/// file another process created meanwhile; then the directory is fsynced. A crash part way
-/// leaves at most a stray `*.creating-*` file, never a half-made store at `path` (which redb
-/// would refuse to open, locking the user out of a store that never held anything).
-fn create_atomically(path: &Path) -> Result<()> {
+/// Creates an initialised store file at `path`, with what `fill` writes into it. The file is
+/// built under a temporary name in the same directory and fsynced, then hard-linked into place,
+/// which fails rather than replace a file another process created meanwhile; then the directory
+/// is fsynced. A crash part way leaves at most a stray `*.creating-*` file, never a half-made
+/// store at `path` (which redb would refuse to open, locking the user out of a store that never
+/// held anything). Returns `false` if another process created `path` first.
+pub(crate) fn create_atomically(
+    path: &Path,
+    fill: impl FnOnce(&redb::Database) -> Result<()>,
+) -> Result<bool> {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.subsec_nanos());
     let mut name = path.file_name().unwrap_or_default().to_os_string();
     name.push(format!(".creating-{}-{nanos}", std::process::id()));
     let tmp = path.with_file_name(name);
-    {
+    let made = (|| {
         let db = redb::Builder::new().create(&tmp)?;
         disk::create(&db)?;
-    }
-    let linked = std::fs::hard_link(&tmp, path);
-    std::fs::remove_file(&tmp)?;
-    match linked {
-        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(e.into()),
+        fill(&db)
+    })();
+    let linked = made.map(|()| std::fs::hard_link(&tmp, path));
+    match std::fs::remove_file(&tmp) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.into()),
         _ => {}
     }
-    Ok(platform::sync_parent_dir(path)?)
+    let created = match linked? {
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => false,
+        Err(e) => return Err(e.into()),
+        Ok(()) => true,
+    };
+    platform::sync_parent_dir(path)?;
+    Ok(created)
 }

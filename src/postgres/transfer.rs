@@ -1,24 +1,26 @@
-//! Exporting and importing the PostgreSQL engine's live records (see `crate::transfer`).
+//! Reading the PostgreSQL engine's records one by one ([`crate::Store::scan`], the export), and
+//! importing an export (see `crate::transfer`).
 
 use super::worker::Held;
 use super::{block, db_error, encode_headers, fence_column, response_of, schema, PgStore, Target};
 use crate::error::{Error, Result};
 use crate::fingerprint::Fingerprint;
+use crate::listing::{Moved, MovedState, Query, RecordStatus};
 use crate::scope::scoped_key;
-use crate::transfer::{Moved, MovedState};
+use std::ops::ControlFlow;
 
 /// Rows read per statement on export, and written per statement on import.
 const PAGE: i64 = 1000;
 
-/// The live records after the key `$2..$4` (all from the start when `$5`), in key order (the
-/// primary key's), at most `$6`. `$1` test clock.
-const EXPORT: &str = r#"
+/// The records after the key `$2..$4` (all from the start when `$5`), in key order (the
+/// primary key's), at most `$6`, expired ones only with `$7`. `$1` test clock.
+const SCAN: &str = r#"
 WITH t AS (SELECT coalesce($1::bigint, (extract(epoch FROM statement_timestamp()) * 1000)::bigint) AS now)
 SELECT r.tenant, r.endpoint, r.key, r.fence, r.fingerprint, r.claimed_at, r.completed,
-    r.lease_until, r.completed_at, r.expires_at, r.status, r.headers, r.body
+    r.lease_until, r.completed_at, r.expires_at, r.status, r.headers, r.body, r.orphan, t.now
 FROM {s}.records r, t
 WHERE ($5::boolean OR (r.tenant, r.endpoint, r.key) > ($2::bytea, $3::bytea, $4::text))
-  AND (NOT r.completed OR r.expires_at > t.now)
+  AND ($7::boolean OR NOT r.completed OR r.expires_at > t.now)
 ORDER BY r.tenant, r.endpoint, r.key
 LIMIT $6"#;
 
@@ -44,11 +46,17 @@ fn value(v: i64) -> u64 {
 }
 
 impl PgStore {
-    /// Hands every live record to `each`, a page (one statement, one snapshot) at a time.
-    pub(crate) fn export_each(&self, mut each: impl FnMut(Moved) -> Result<()>) -> Result<u64> {
-        let text = schema::qualify(EXPORT, &self.shared.schema);
+    /// Hands the records `query` may want to `each`, in key order, with whether each is an
+    /// orphan and the database's time they were judged at, a page (one statement, one
+    /// snapshot) at a time, until `each` breaks.
+    pub(crate) fn scan_each(
+        &self,
+        query: &Query,
+        mut each: impl FnMut(Moved, bool, u64) -> ControlFlow<()>,
+    ) -> Result<()> {
+        let text = schema::qualify(SCAN, &self.shared.schema);
+        let expired = query.wants_status(RecordStatus::Expired);
         let mut after: Option<Target> = None;
-        let mut exported = 0;
         loop {
             let adjust = self.shared.adjust();
             let (text, from) = (text.clone(), after.clone());
@@ -70,6 +78,7 @@ impl PgStore {
                             &from.key,
                             &start,
                             &PAGE,
+                            &expired,
                         ],
                     )
                     .await
@@ -90,12 +99,14 @@ impl PgStore {
                             body: r.try_get(12).map_err(db_error)?,
                         };
                         let completed_at: Option<i64> = r.try_get(8).map_err(db_error)?;
-                        Ok((target, held, completed_at))
+                        let orphan: bool = r.try_get(13).map_err(db_error)?;
+                        let now: i64 = r.try_get(14).map_err(db_error)?;
+                        Ok((target, held, completed_at, orphan, value(now)))
                     })
                     .collect::<Result<Vec<_>>>()
             }))?;
             let full = i64::try_from(rows.len()).unwrap_or(i64::MAX) >= PAGE;
-            for (target, held, completed_at) in rows {
+            for (target, held, completed_at, orphan, now) in rows {
                 let scope = target.scope();
                 let scoped = scoped_key(&scope, &target.key)?;
                 let state = if held.completed {
@@ -118,19 +129,21 @@ impl PgStore {
                         },
                         reason: "its fingerprint is not 32 bytes".into(),
                     })?;
-                each(Moved {
+                let moved = Moved {
                     key: target.key.clone(),
                     scope,
                     fence: value(held.fence),
                     fingerprint,
                     claimed_at: value(held.claimed_at),
                     state,
-                })?;
-                exported += 1;
+                };
+                if each(moved, orphan, now).is_break() {
+                    return Ok(());
+                }
                 after = Some(target);
             }
             if !full {
-                return Ok(exported);
+                return Ok(());
             }
         }
     }

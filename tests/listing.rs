@@ -1,0 +1,283 @@
+//! Inspecting a store record by record (`Store::scan`, `Store::list`), and making a new file
+//! from an export (`StoreBuilder::import_new`): what the `idemdb` command is built on.
+
+use idemdb::{
+    Claim, EntryState, Error, Fingerprint, ManualClock, Query, RecordStatus, Response, Scope, Store,
+};
+use std::ops::ControlFlow;
+use std::time::Duration;
+
+mod engines;
+
+const LEASE: Duration = Duration::from_secs(60);
+const TTL: Duration = Duration::from_secs(3600);
+
+fn acquire(store: &Store, scope: &Scope, key: &str) -> idemdb::Ticket {
+    match store
+        .claim(scope, key, Fingerprint::of(key.as_bytes()))
+        .unwrap()
+    {
+        Claim::Acquired(t) => t,
+        other => panic!("{key}: {other:?}"),
+    }
+}
+
+/// One record of each status: completed, expired, in progress, stale, orphan.
+fn every_status(store: &Store, clock: &ManualClock) -> Vec<idemdb::Ticket> {
+    let a = Scope::new("acme", "POST /pay");
+    let b = Scope::new("bravo", "POST /refund");
+    let t = acquire(store, &a, "expired");
+    store.complete(t, Response::new(201, "old")).unwrap();
+    clock.advance(TTL - Duration::from_secs(1));
+    let stale = acquire(store, &b, "stale");
+    clock.advance(Duration::from_secs(2)); // "expired" is past its TTL now
+    let t = acquire(store, &a, "completed");
+    store
+        .complete(
+            t,
+            Response::new(200, vec![0xff, 0x00]).with_header("x-id", "7"),
+        )
+        .unwrap();
+    drop(acquire(store, &b, "orphan")); // a dropped ticket: its holder is gone
+    clock.advance(LEASE); // "stale"'s lease ran out; "orphan" is an orphan whatever its lease
+    let live = acquire(store, &a, "in-progress");
+    vec![stale, live]
+}
+
+fn store() -> (Store, ManualClock) {
+    let clock = ManualClock::new();
+    let store = Store::builder()
+        .lease(LEASE)
+        .ttl(TTL)
+        .clock(clock.clone())
+        .in_memory()
+        .unwrap();
+    (store, clock)
+}
+
+on_every_engine! {
+    fn a_scan_tells_every_status_apart_and_filters_by_each_field(b: Backend) {
+        let clock = ManualClock::new();
+        let store = b.open(Store::builder().lease(LEASE).ttl(TTL).clock(clock.clone()));
+        let _held = every_status(&store, &clock);
+        // A file hands records over in fence order, PostgreSQL in key order.
+        let sorted = |mut records: Vec<idemdb::ListedRecord>| {
+            records.sort_by_key(|r| r.entry.fence);
+            records
+        };
+        let all = sorted(store.list(&Query::all()).unwrap());
+        let statuses: Vec<(String, RecordStatus)> =
+            all.iter().map(|r| (r.key.clone(), r.status)).collect();
+        assert_eq!(
+            statuses,
+            [
+                ("expired".into(), RecordStatus::Expired),
+                ("stale".into(), RecordStatus::Stale),
+                ("completed".into(), RecordStatus::Completed),
+                ("orphan".into(), RecordStatus::Orphan),
+                ("in-progress".into(), RecordStatus::InProgress),
+            ]
+        );
+        let completed = &all[2];
+        let EntryState::Completed { response, .. } = &completed.entry.state else {
+            panic!("{completed:?}")
+        };
+        assert_eq!(response.body(), [0xff, 0x00]);
+        assert_eq!(response.headers(), [("x-id".to_owned(), b"7".to_vec())]);
+
+        let keys = |q: Query| -> Vec<String> {
+            sorted(store.list(&q).unwrap()).into_iter().map(|r| r.key).collect()
+        };
+        assert_eq!(keys(Query::all().tenant("bravo")), ["stale", "orphan"]);
+        assert_eq!(
+            keys(Query::all().endpoint("POST /pay")),
+            ["expired", "completed", "in-progress"]
+        );
+        assert_eq!(
+            keys(Query::all().status(RecordStatus::Stale).status(RecordStatus::Orphan)),
+            ["stale", "orphan"]
+        );
+        assert_eq!(keys(Query::all().status(RecordStatus::Expired)), ["expired"]);
+        assert_eq!(keys(Query::all().tenant("acme").limit(5)).len(), 3);
+        assert_eq!(keys(Query::all().tenant("acme").limit(2)).len(), 2);
+        assert_eq!(keys(Query::all().limit(0)), Vec::<String>::new());
+        let in_progress = all[4].entry.claimed_at;
+        assert_eq!(
+            keys(Query::all().claimed_before(in_progress)),
+            ["expired", "stale", "completed", "orphan"]
+        );
+        assert_eq!(keys(Query::all().tenant("nobody")), Vec::<String>::new());
+
+        // A callback that breaks stops the scan, and the count says how many it was handed.
+        let mut seen = 0;
+        let handed = store
+            .scan(&Query::all(), |_| {
+                seen += 1;
+                if seen == 2 {
+                    ControlFlow::Break(())
+                } else {
+                    ControlFlow::Continue(())
+                }
+            })
+            .unwrap();
+        assert_eq!((seen, handed), (2, 2));
+    }
+}
+
+#[test]
+fn a_file_scan_hands_records_over_in_fence_order() {
+    let (store, clock) = store();
+    let _held = every_status(&store, &clock);
+    let fences: Vec<u64> = store
+        .list(&Query::all())
+        .unwrap()
+        .iter()
+        .map(|r| r.entry.fence)
+        .collect();
+    assert_eq!(fences.len(), 5);
+    assert!(fences.windows(2).all(|w| w[0] < w[1]), "{fences:?}");
+}
+
+#[test]
+fn a_scan_sees_what_purge_and_release_removed_as_gone() {
+    let (store, clock) = store();
+    let held = every_status(&store, &clock);
+    assert_eq!(store.purge_expired().unwrap(), 1);
+    for ticket in held {
+        store.release(ticket).unwrap();
+    }
+    let keys: Vec<String> = store
+        .list(&Query::all())
+        .unwrap()
+        .into_iter()
+        .map(|r| r.key)
+        .collect();
+    assert_eq!(keys, ["completed", "orphan"]);
+}
+
+#[test]
+fn a_scan_may_call_the_store_from_its_callback() {
+    let (store, clock) = store();
+    let _held = every_status(&store, &clock);
+    let mut answers = Vec::new();
+    store
+        .scan(&Query::all().status(RecordStatus::Completed), |record| {
+            answers.push(store.get(&record.scope, &record.key).unwrap().is_some());
+            ControlFlow::Continue(())
+        })
+        .unwrap();
+    assert_eq!(answers, [true]);
+}
+
+#[test]
+fn an_import_into_a_new_file_answers_every_claim_as_the_exported_store_did() {
+    let dir = tempfile::tempdir().unwrap();
+    let (old, clock) = store();
+    let _held = every_status(&old, &clock);
+    let mut lines = Vec::new();
+    assert_eq!(
+        old.export(&mut lines).unwrap(),
+        4,
+        "the expired record is not exported"
+    );
+    let path = dir.path().join("new.idem");
+    let (new, n) = Store::builder()
+        .lease(LEASE)
+        .clock(clock.clone())
+        .import_new(&path, lines.as_slice())
+        .unwrap();
+    assert_eq!(n, 4);
+    let listed = |s: &Store| -> Vec<(String, u64, RecordStatus)> {
+        s.list(&Query::all())
+            .unwrap()
+            .into_iter()
+            .map(|r| (r.key, r.entry.fence, r.status))
+            .collect()
+    };
+    let mut expected: Vec<_> = listed(&old)
+        .into_iter()
+        .filter(|(_, _, s)| *s != RecordStatus::Expired)
+        // Claims arrive without their holders: every one is an orphan.
+        .map(|(k, f, s)| {
+            (
+                k,
+                f,
+                if s.is_claim() {
+                    RecordStatus::Orphan
+                } else {
+                    s
+                },
+            )
+        })
+        .collect();
+    expected.sort_by_key(|(_, f, _)| *f);
+    assert_eq!(listed(&new), expected);
+    let a = Scope::new("acme", "POST /pay");
+    let Claim::Replay(r) = new
+        .claim(&a, "completed", Fingerprint::of(b"completed"))
+        .unwrap()
+    else {
+        panic!()
+    };
+    assert_eq!(r.body(), [0xff, 0x00]);
+    // New fences continue above every imported one.
+    let highest = expected.iter().map(|(_, f, _)| *f).max().unwrap();
+    let t = acquire(&new, &a, "fresh");
+    assert!(t.fence() > highest);
+    new.complete(t, Response::new(201, "x")).unwrap();
+    drop(new);
+    // The file is a store like any other: it reopens with everything.
+    let reopened = Store::builder().clock(clock).open(&path).unwrap();
+    assert_eq!(reopened.list(&Query::all()).unwrap().len(), 5);
+}
+
+#[test]
+fn an_import_refuses_an_existing_file_a_key_twice_and_a_bad_line_and_creates_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (old, clock) = store();
+    let _held = every_status(&old, &clock);
+    let mut lines = Vec::new();
+    old.export(&mut lines).unwrap();
+    let text = String::from_utf8(lines).unwrap();
+
+    let existing = dir.path().join("existing.idem");
+    drop(Store::open(&existing).unwrap());
+    let err = Store::builder()
+        .import_new(&existing, text.as_bytes())
+        .unwrap_err();
+    assert!(matches!(err, Error::InvalidImport { .. }), "{err}");
+    assert!(Store::open(&existing)
+        .unwrap()
+        .list(&Query::all())
+        .unwrap()
+        .is_empty());
+
+    let twice = format!("{text}{}\n", text.lines().next().unwrap());
+    let path = dir.path().join("twice.idem");
+    let err = Store::builder()
+        .import_new(&path, twice.as_bytes())
+        .unwrap_err();
+    assert!(matches!(err, Error::InvalidImport { .. }), "{err}");
+    assert!(!path.exists());
+
+    let bad = format!("{text}{{\"v\":1}}\n");
+    let err = Store::builder()
+        .import_new(&path, bad.as_bytes())
+        .unwrap_err();
+    assert!(matches!(err, Error::InvalidImport { line: 5, .. }), "{err}");
+    assert!(!path.exists());
+    let leftovers: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+    assert_eq!(
+        leftovers.len(),
+        2,
+        "only existing.idem and its journal: {leftovers:?}"
+    );
+}
+
+#[test]
+fn an_open_file_store_refuses_an_import() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path().join("s.idem")).unwrap();
+    let err = store.import(&b""[..]).unwrap_err();
+    assert!(matches!(err, Error::InvalidImport { .. }), "{err}");
+}
