@@ -1,0 +1,86 @@
+//! The STORE argument: a store file, or a `postgres://` URL.
+
+use crate::output::{Exit, Failure};
+use idemdb::Store;
+use std::path::Path;
+
+/// How to reach the store the command works on.
+pub(crate) struct Target {
+    pub(crate) store: String,
+    schema: String,
+}
+
+impl Target {
+    pub(crate) fn new(store: String, schema: String) -> Target {
+        Target { store, schema }
+    }
+
+    pub(crate) fn is_url(&self) -> bool {
+        self.store.starts_with("postgres://") || self.store.starts_with("postgresql://")
+    }
+
+    /// The store file's path (`None` for a URL).
+    pub(crate) fn path(&self) -> Option<&Path> {
+        (!self.is_url()).then(|| Path::new(&self.store))
+    }
+
+    /// Opens the store, which must exist: a command never creates a store by accident.
+    pub(crate) fn open(&self) -> Result<Store, Failure> {
+        match self.path() {
+            Some(path) => {
+                if !path
+                    .try_exists()
+                    .map_err(|e| Failure::from(idemdb::Error::Io(e)))?
+                {
+                    return Err(Failure::new(
+                        Exit::NoStore,
+                        format!("no store at {} (nothing was created)", path.display()),
+                    ));
+                }
+                // A disk that fails under the command should fail the command, not be retried.
+                Ok(Store::builder().heal_after(None).open(path)?)
+            }
+            None => self.connect(),
+        }
+    }
+
+    #[cfg(feature = "postgres")]
+    pub(crate) fn connect(&self) -> Result<Store, Failure> {
+        check_schema(&self.schema)?;
+        Ok(Store::builder()
+            .schema(self.schema.clone())
+            .connect(&self.store)?)
+    }
+
+    #[cfg(not(feature = "postgres"))]
+    pub(crate) fn connect(&self) -> Result<Store, Failure> {
+        let _ = &self.schema;
+        Err(Failure::new(
+            Exit::Usage,
+            "this idemdb was built without PostgreSQL: install it with \
+             `cargo install idemdb-cli --features postgres`",
+        ))
+    }
+}
+
+/// The rule `StoreBuilder::schema` enforces, checked here so that a bad name is a usage error
+/// rather than a panic.
+#[cfg(feature = "postgres")]
+fn check_schema(name: &str) -> Result<(), Failure> {
+    let ok = (1..=63).contains(&name.len())
+        && !name.starts_with(|c: char| c.is_ascii_digit())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    if ok {
+        Ok(())
+    } else {
+        Err(Failure::new(
+            Exit::Usage,
+            format!(
+                "--schema {name:?}: 1 to 63 lower-case ASCII letters, digits and _, not \
+                 starting with a digit"
+            ),
+        ))
+    }
+}

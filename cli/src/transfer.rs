@@ -1,0 +1,105 @@
+//! `idemdb export` and `idemdb import`.
+
+use crate::open::Target;
+use crate::output::{span, Exit, Failure, Out, Outcome};
+use idemdb::Store;
+use serde_json::json;
+use std::io::{BufReader, BufWriter, Read, Write};
+use std::time::Instant;
+
+pub(crate) fn export(target: &Target, out: &Out) -> Outcome {
+    let started = Instant::now();
+    let store = target.open()?;
+    let total = store.stats().live_records;
+    let bar = out.progress("exporting", (total > 0).then_some(total));
+    let lines = Lines {
+        inner: BufWriter::with_capacity(1 << 20, std::io::stdout().lock()),
+        bar: &bar,
+    };
+    let exported = store.export(lines)?;
+    bar.finish_and_clear();
+    summary(out, "exported", exported, started);
+    Ok(())
+}
+
+pub(crate) fn import(target: &Target, out: &Out) -> Outcome {
+    let started = Instant::now();
+    let bar = out.progress("reading", None);
+    let input = BufReader::with_capacity(
+        1 << 20,
+        Counted {
+            inner: std::io::stdin().lock(),
+            bar: &bar,
+        },
+    );
+    let imported = match target.path() {
+        Some(path) => {
+            if path
+                .try_exists()
+                .map_err(|e| Failure::from(idemdb::Error::Io(e)))?
+            {
+                return Err(Failure::new(
+                    Exit::Refused,
+                    format!(
+                        "{} exists: a file store imports only into a new file; choose a new \
+                         path (nothing was changed)",
+                        path.display()
+                    ),
+                ));
+            }
+            Store::builder().heal_after(None).import_new(path, input)?.1
+        }
+        None => target.connect()?.import(input)?,
+    };
+    bar.finish_and_clear();
+    summary(out, "imported", imported, started);
+    Ok(())
+}
+
+/// The summary goes to standard error for an export (standard output is the data).
+fn summary(out: &Out, what: &str, n: u64, started: Instant) {
+    let took = started.elapsed();
+    if out.json {
+        let line = json!({ what: n, "seconds": took.as_secs_f64() });
+        if what == "exported" {
+            eprintln!("{line}");
+        } else {
+            out.json(&line);
+        }
+    } else {
+        eprintln!("{what} {n} records in {}", span(took));
+    }
+}
+
+/// Counts lines written, for the progress bar.
+struct Lines<'a, W: Write> {
+    inner: W,
+    bar: &'a indicatif::ProgressBar,
+}
+
+impl<W: Write> Write for Lines<'_, W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        let lines = buf[..n].iter().filter(|&&b| b == b'\n').count();
+        self.bar.inc(lines as u64);
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// Counts bytes read, for the spinner.
+struct Counted<'a, R: Read> {
+    inner: R,
+    bar: &'a indicatif::ProgressBar,
+}
+
+impl<R: Read> Read for Counted<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.bar.inc(n as u64);
+        Ok(n)
+    }
+}
