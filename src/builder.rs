@@ -328,7 +328,8 @@ impl StoreBuilder {
     ///
     /// All or nothing: the file is made under a temporary name, every record written in one
     /// durable commit (`fdatasync(2)`), then linked into place and its directory fsynced, so a
-    /// failure or a crash leaves no store at `path`.
+    /// failure or a crash leaves no store at `path`. The input is read a line at a time:
+    /// memory holds redb's dirty pages and 16 bytes per key, not the whole export.
     ///
     /// ```
     /// use idemdb::{Claim, Fingerprint, Response, Scope, Store};
@@ -356,10 +357,9 @@ impl StoreBuilder {
         input: impl std::io::BufRead,
     ) -> Result<(Store, u64)> {
         let path = path.as_ref();
-        let records = crate::transfer::read_lines(input)?;
-        let store = crate::file::import::new_file(self.config.clone(), path, &records)?;
+        let (store, imported) = crate::file::import::new_file(self.config.clone(), path, input)?;
         let store = self.serve(store, crate::file::heal::Source::File(path.to_owned()));
-        Ok((store, u64::try_from(records.len()).unwrap_or(u64::MAX)))
+        Ok((store, imported))
     }
 
     /// A store held in memory only, for tests: same semantics, nothing survives the process.

@@ -474,7 +474,8 @@ impl Store {
     /// it imported. A PostgreSQL store imports this way; a file imports when it is made, with
     /// [`crate::StoreBuilder::import_new`].
     ///
-    /// ```no_run
+    #[cfg_attr(feature = "postgres", doc = "```no_run")]
+    #[cfg_attr(not(feature = "postgres"), doc = "```ignore")]
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let file = idemdb::Store::open("payments.idem")?;
     /// let mut lines = Vec::new();

@@ -37,7 +37,7 @@ pub(crate) fn stats(target: &Target, out: &Out) -> Outcome {
         }
         None => (None, None),
     };
-    let status_counts: BTreeMap<&str, u64> = RecordStatus::ALL
+    let status_counts: Vec<(&str, u64)> = RecordStatus::ALL
         .iter()
         .zip(tally.by_status)
         .map(|(s, n)| (s.as_str(), n))
@@ -59,7 +59,7 @@ pub(crate) fn stats(target: &Target, out: &Out) -> Outcome {
         out.json(&json!({
             "store": target.store,
             "records": scanned,
-            "by_status": status_counts,
+            "by_status": status_counts.iter().copied().collect::<BTreeMap<_, _>>(),
             "by_tenant": tenants,
             "highest_fence": tally.highest_fence,
             "response_bytes": tally.response_bytes,
@@ -97,7 +97,7 @@ pub(crate) fn stats(target: &Target, out: &Out) -> Outcome {
     }
     t.print();
     println!();
-    let mut t = Table::new(&["", ""]);
+    let mut t = Table::pairs();
     let size = |b: Option<u64>| b.map_or("-".to_owned(), |b| format!("{b} bytes"));
     t.row(vec!["store file".into(), size(file)]);
     t.row(vec!["journal".into(), size(journal)]);
@@ -311,7 +311,7 @@ pub(crate) fn get(target: &Target, args: &GetArgs, out: &Out) -> Outcome {
         out.json(&record_json(&scope, &args.key, status, &entry, true));
         return Ok(());
     }
-    let mut t = Table::new(&["", ""]);
+    let mut t = Table::pairs();
     t.row(vec!["tenant".into(), format!("{:?}", scope.tenant())]);
     t.row(vec!["endpoint".into(), format!("{:?}", scope.endpoint())]);
     t.row(vec!["key".into(), args.key.clone()]);

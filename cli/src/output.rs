@@ -144,6 +144,11 @@ impl Table {
         }
     }
 
+    /// A table of `name  value` lines, without a header.
+    pub(crate) fn pairs() -> Table {
+        Table { rows: Vec::new() }
+    }
+
     pub(crate) fn row(&mut self, cells: Vec<String>) {
         self.rows.push(cells);
     }
@@ -225,7 +230,7 @@ pub(crate) fn span(d: Duration) -> String {
     let s = d.as_secs();
     match s {
         0 => format!("{}ms", d.as_millis()),
-        1..60 => format!("{s}s"),
+        1..60 => format!("{:.2}s", d.as_secs_f64()),
         60..3600 => format!("{}m {}s", s / 60, s % 60),
         3600..86_400 => format!("{}h {}m", s / 3600, s / 60 % 60),
         _ => format!("{}d {}h", s / 86_400, s / 3600 % 24),
@@ -314,6 +319,7 @@ mod tests {
     #[test]
     fn spans_read_in_two_units() {
         assert_eq!(span(Duration::from_millis(12)), "12ms");
+        assert_eq!(span(Duration::from_millis(3419)), "3.42s");
         assert_eq!(span(Duration::from_secs(192)), "3m 12s");
         assert_eq!(span(Duration::from_secs(90_000)), "1d 1h");
     }

@@ -107,9 +107,13 @@ pub(crate) fn resolve(target: &Target, args: &ResolveArgs, out: &Out) -> Outcome
                 ),
             ))
         }
-        Some(entry) if entry.fence != args.fence => format!(
+        Some(entry) if entry.fence > args.fence => format!(
             "the key's record has fence {}, not {}: a newer attempt holds it; list it again \
              before resolving",
+            entry.fence, args.fence
+        ),
+        Some(entry) if entry.fence != args.fence => format!(
+            "the key's record has fence {}, not {}: no claim of the key ever had that fence",
             entry.fence, args.fence
         ),
         Some(entry) => match entry.state {

@@ -9,117 +9,146 @@ use crate::file::store::FileStore;
 use crate::listing::{Moved, MovedState};
 use crate::record::{Record, RecordState, StoredResponse};
 use crate::scope::scoped_key;
+use std::collections::hash_map::RandomState;
 use std::collections::HashSet;
+use std::hash::BuildHasher;
 use std::path::Path;
 
-fn refused(reason: impl Into<String>) -> Error {
+fn refused(line: u64, reason: impl Into<String>) -> Error {
     Error::InvalidImport {
-        line: 0,
+        line,
         reason: reason.into(),
     }
 }
 
-/// Creates the store file at `path`, which must not exist, holding `records`, and opens it.
-/// Claims in progress arrive as orphans, as after a restart; the store's next fences are above
-/// every imported one. Returns the store and how many records it imported.
-pub(crate) fn new_file(config: Config, path: &Path, records: &[Moved]) -> Result<FileStore> {
+/// Creates the store file at `path`, which must not exist, holding the records exported to
+/// `input`, and opens it; returns it and how many records it holds. Claims in progress arrive
+/// as orphans, as after a restart; the store's next fences are above every imported one.
+///
+/// The input is read a line at a time into one write transaction, so memory holds one line,
+/// redb's dirty pages and a 16-byte digest per key (to refuse a key twice), not the export.
+pub(crate) fn new_file(
+    config: Config,
+    path: &Path,
+    input: impl std::io::BufRead,
+) -> Result<(FileStore, u64)> {
     if path.try_exists()? {
-        return Err(refused(format!(
-            "{} exists: a file store imports only into a new file (move the old one away, or \
-             import into a PostgreSQL store)",
-            path.display()
-        )));
+        return Err(refused(
+            0,
+            format!(
+                "{} exists: a file store imports only into a new file (move the old one away, \
+                 or import into a PostgreSQL store)",
+                path.display()
+            ),
+        ));
     }
-    let encoded = encode(records)?;
-    let created = open::create_atomically(path, |db| write(db, &encoded))?;
+    let mut imported = 0;
+    let created = open::create_atomically(path, |db| {
+        imported = write(db, input)?;
+        Ok(())
+    })?;
     if !created {
-        return Err(refused(format!(
-            "{} was created by another process during the import",
-            path.display()
-        )));
+        return Err(refused(
+            0,
+            format!(
+                "{} was created by another process during the import",
+                path.display()
+            ),
+        ));
     }
-    open::file(config, path)
+    Ok((open::file(config, path)?, imported))
 }
 
-struct Encoded {
-    fence: u64,
-    key: Box<[u8]>,
-    value: Vec<u8>,
-    expires_at: Option<u64>,
-}
-
-/// Checks and encodes every record before anything is written: a key or fence twice, or a
-/// fence out of range, refuses the whole import.
-fn encode(records: &[Moved]) -> Result<Vec<Encoded>> {
-    let mut keys = HashSet::with_capacity(records.len());
-    let mut fences = HashSet::with_capacity(records.len());
-    records
-        .iter()
-        .map(|m| {
-            let key = scoped_key(&m.scope, &m.key).map_err(|e| refused(e.to_string()))?;
-            if m.fence == 0 || m.fence > MAX_FENCE {
-                return Err(refused(format!("fence {} is out of range", m.fence)));
-            }
-            if !fences.insert(m.fence) {
-                return Err(refused(format!("the input holds fence {} twice", m.fence)));
-            }
-            if !keys.insert(key.clone()) {
-                return Err(refused(format!(
-                    "the input holds the key {:?} twice",
-                    m.key
-                )));
-            }
-            let (state, expires_at) = match &m.state {
-                MovedState::InProgress { lease_until } => (
-                    RecordState::InProgress {
-                        lease_until: *lease_until,
-                    },
-                    None,
-                ),
-                MovedState::Completed {
-                    completed_at,
-                    expires_at,
-                    response,
-                } => (
-                    RecordState::Completed {
-                        completed_at: *completed_at,
-                        expires_at: *expires_at,
-                        response: StoredResponse::from(response.clone()),
-                    },
-                    Some(*expires_at),
-                ),
-            };
-            let record = Record {
-                fence: m.fence,
-                fingerprint: *m.fingerprint.as_bytes(),
-                claimed_at: m.claimed_at,
-                state,
-            };
-            Ok(Encoded {
-                fence: m.fence,
-                value: record.encode(&key),
-                key,
-                expires_at,
-            })
-        })
-        .collect()
-}
-
-fn write(db: &redb::Database, records: &[Encoded]) -> Result<()> {
+/// Writes every record of `input` in one durable commit; nothing is committed if any line is
+/// refused.
+fn write(db: &redb::Database, input: impl std::io::BufRead) -> Result<u64> {
     let txn = db.begin_write()?;
+    let digest = KeyDigest::new();
+    let mut keys = HashSet::new();
+    let (mut highest, mut imported) = (0, 0);
     {
         let mut table = txn.open_table(RECORDS)?;
         let mut expiry = txn.open_table(EXPIRY)?;
-        for r in records {
-            table.insert(r.fence, r.value.as_slice())?;
-            if let Some(t) = r.expires_at {
-                expiry.insert(expiry_key(t, r.fence), &*r.key)?;
+        for (n, line) in input.lines().enumerate() {
+            let line_no = u64::try_from(n + 1).unwrap_or(u64::MAX);
+            let line = line.map_err(Error::Io)?;
+            if line.trim().is_empty() {
+                continue;
             }
+            let m = Moved::from_line(&line, line_no)?;
+            let (key, value, expires_at) = encode(&m).map_err(|why| refused(line_no, why))?;
+            if !keys.insert(digest.of(&key)) {
+                return Err(refused(
+                    line_no,
+                    format!("the key {:?} is in the input twice", m.key),
+                ));
+            }
+            if table.insert(m.fence, value.as_slice())?.is_some() {
+                return Err(refused(
+                    line_no,
+                    format!("fence {} is in the input twice", m.fence),
+                ));
+            }
+            if let Some(t) = expires_at {
+                expiry.insert(expiry_key(t, m.fence), &*key)?;
+            }
+            highest = highest.max(m.fence);
+            imported += 1;
         }
-        let highest = records.iter().map(|r| r.fence).max().unwrap_or(0);
         txn.open_table(META)?.insert(FENCE_KEY, highest)?;
     }
     txn.commit()?;
-    let _ = disk::meta(db)?;
-    Ok(())
+    disk::meta(db)?;
+    Ok(imported)
+}
+
+/// A record's scoped key, encoded value and expiry.
+fn encode(m: &Moved) -> std::result::Result<(Box<[u8]>, Vec<u8>, Option<u64>), String> {
+    let key = scoped_key(&m.scope, &m.key).map_err(|e| e.to_string())?;
+    if m.fence == 0 || m.fence > MAX_FENCE {
+        return Err(format!("fence {} is out of range", m.fence));
+    }
+    let (state, expires_at) = match &m.state {
+        MovedState::InProgress { lease_until } => (
+            RecordState::InProgress {
+                lease_until: *lease_until,
+            },
+            None,
+        ),
+        MovedState::Completed {
+            completed_at,
+            expires_at,
+            response,
+        } => (
+            RecordState::Completed {
+                completed_at: *completed_at,
+                expires_at: *expires_at,
+                response: StoredResponse::from(response.clone()),
+            },
+            Some(*expires_at),
+        ),
+    };
+    let record = Record {
+        fence: m.fence,
+        fingerprint: *m.fingerprint.as_bytes(),
+        claimed_at: m.claimed_at,
+        state,
+    };
+    let value = record.encode(&key);
+    Ok((key, value, expires_at))
+}
+
+/// A 128-bit digest of a scoped key under two random keys: two keys of one import share one
+/// by chance with probability about n²/2¹²⁹ (10⁻²⁶ at ten million), and an input cannot be
+/// made to collide, since the keys are drawn per import.
+struct KeyDigest(RandomState, RandomState);
+
+impl KeyDigest {
+    fn new() -> KeyDigest {
+        KeyDigest(RandomState::new(), RandomState::new())
+    }
+
+    fn of(&self, key: &[u8]) -> u128 {
+        u128::from(self.0.hash_one(key)) << 64 | u128::from(self.1.hash_one(key))
+    }
 }
