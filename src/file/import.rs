@@ -76,7 +76,11 @@ fn write(db: &redb::Database, input: impl std::io::BufRead) -> Result<u64> {
                 continue;
             }
             let m = Moved::from_line(&line, line_no)?;
-            let (key, value, expires_at) = encode(&m).map_err(|why| refused(line_no, why))?;
+            let Encoded {
+                key,
+                value,
+                expires_at,
+            } = encode(&m).map_err(|why| refused(line_no, why))?;
             if !keys.insert(digest.of(&key)) {
                 return Err(refused(
                     line_no,
@@ -102,8 +106,15 @@ fn write(db: &redb::Database, input: impl std::io::BufRead) -> Result<u64> {
     Ok(imported)
 }
 
+/// A record as the store file holds it.
+struct Encoded {
+    key: Box<[u8]>,
+    value: Vec<u8>,
+    expires_at: Option<u64>,
+}
+
 /// A record's scoped key, encoded value and expiry.
-fn encode(m: &Moved) -> std::result::Result<(Box<[u8]>, Vec<u8>, Option<u64>), String> {
+fn encode(m: &Moved) -> std::result::Result<Encoded, String> {
     let key = scoped_key(&m.scope, &m.key).map_err(|e| e.to_string())?;
     if m.fence == 0 || m.fence > MAX_FENCE {
         return Err(format!("fence {} is out of range", m.fence));
@@ -134,8 +145,11 @@ fn encode(m: &Moved) -> std::result::Result<(Box<[u8]>, Vec<u8>, Option<u64>), S
         claimed_at: m.claimed_at,
         state,
     };
-    let value = record.encode(&key);
-    Ok((key, value, expires_at))
+    Ok(Encoded {
+        value: record.encode(&key),
+        key,
+        expires_at,
+    })
 }
 
 /// A 128-bit digest of a scoped key under two random keys: two keys of one import share one
