@@ -12,7 +12,7 @@ use std::time::{Instant, SystemTime};
 /// `idemdb stats`.
 pub(crate) fn stats(target: &Target, out: &Out) -> Outcome {
     let started = Instant::now();
-    let store = target.open()?;
+    let store = target.open(out)?;
     let opened = started.elapsed();
     let total = store.stats().live_records;
     let bar = out.progress("scanning", (total > 0).then_some(total));
@@ -215,7 +215,7 @@ impl std::str::FromStr for RecordStatusArg {
 }
 
 pub(crate) fn list(target: &Target, args: &ListArgs, out: &Out) -> Outcome {
-    let store = target.open()?;
+    let store = target.open(out)?;
     let mut query = Query::all().limit(args.limit);
     for s in &args.state {
         query = query.status(s.0);
@@ -294,7 +294,7 @@ impl GetArgs {
 }
 
 pub(crate) fn get(target: &Target, args: &GetArgs, out: &Out) -> Outcome {
-    let store = target.open()?;
+    let store = target.open(out)?;
     let scope = Scope::new(args.tenant.clone(), args.endpoint.clone());
     let Some(entry) = store.get(&scope, &args.key)? else {
         return Err(Failure::new(

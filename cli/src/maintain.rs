@@ -9,8 +9,8 @@ use std::time::Instant;
 
 pub(crate) fn purge(target: &Target, out: &Out) -> Outcome {
     let started = Instant::now();
-    let store = target.open()?;
-    let bar = out.progress("purging", None);
+    let store = target.open(out)?;
+    let bar = out.spinner("purging");
     let purged = store.purge_expired()?;
     bar.finish_and_clear();
     let took = started.elapsed();
@@ -25,7 +25,7 @@ pub(crate) fn purge(target: &Target, out: &Out) -> Outcome {
 /// Opens the store with every check its open makes, then reads every record in full.
 pub(crate) fn verify(target: &Target, out: &Out) -> Outcome {
     let started = Instant::now();
-    let store = match target.open() {
+    let store = match target.open(out) {
         Ok(store) => store,
         Err(f) if f.exit == Exit::Damaged => return damaged(out, "open", &f.message),
         Err(f) => return Err(f),

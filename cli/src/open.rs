@@ -1,6 +1,6 @@
 //! The STORE argument: a store file, or a `postgres://` URL.
 
-use crate::output::{Exit, Failure};
+use crate::output::{Exit, Failure, Out};
 use idemdb::Store;
 use std::path::Path;
 
@@ -24,8 +24,16 @@ impl Target {
         (!self.is_url()).then(|| Path::new(&self.store))
     }
 
-    /// Opens the store, which must exist: a command never creates a store by accident.
-    pub(crate) fn open(&self) -> Result<Store, Failure> {
+    /// Opens the store, which must exist: a command never creates a store by accident. A
+    /// spinner turns while it opens (a file's open reads every record).
+    pub(crate) fn open(&self, out: &Out) -> Result<Store, Failure> {
+        let spinner = out.spinner("opening");
+        let opened = self.open_quietly();
+        spinner.finish_and_clear();
+        opened
+    }
+
+    fn open_quietly(&self) -> Result<Store, Failure> {
         match self.path() {
             Some(path) => {
                 if !path

@@ -108,6 +108,16 @@ impl Out {
         let _ = writeln!(stdout);
     }
 
+    /// A spinner with the time it has turned, drawn as [`Out::progress`] draws.
+    pub(crate) fn spinner(&self, what: &str) -> ProgressBar {
+        let spinner = ProgressBar::new_spinner().with_style(
+            ProgressStyle::with_template("{msg:>9} {spinner} {elapsed}").expect("a valid template"),
+        );
+        spinner.set_message(what.to_owned());
+        spinner.enable_steady_tick(Duration::from_millis(120));
+        spinner
+    }
+
     /// A progress bar over `len` items (a spinner when unknown), drawn on standard error only
     /// when it is a terminal.
     pub(crate) fn progress(&self, what: &str, len: Option<u64>) -> ProgressBar {

@@ -68,7 +68,7 @@ pub(crate) fn resolve(target: &Target, args: &ResolveArgs, out: &Out) -> Outcome
         }
         None => Resolution::Release,
     };
-    let store = target.open()?;
+    let store = target.open(out)?;
     let scope = Scope::new(args.tenant.clone(), args.endpoint.clone());
     scope
         .validate()

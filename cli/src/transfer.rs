@@ -9,7 +9,7 @@ use std::time::Instant;
 
 pub(crate) fn export(target: &Target, out: &Out) -> Outcome {
     let started = Instant::now();
-    let store = target.open()?;
+    let store = target.open(out)?;
     let total = store.stats().live_records;
     let bar = out.progress("exporting", (total > 0).then_some(total));
     let lines = Lines {
