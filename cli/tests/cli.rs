@@ -374,6 +374,38 @@ fn verify_passes_a_sound_store_and_names_the_damage_in_a_damaged_one() {
 }
 
 #[test]
+fn verify_names_the_one_damaged_record_by_key_and_fence() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = store_file(dir.path());
+    let fence = json(&["--json", "get", p(&path), "acme", "POST /pay", "paid"])["fence"]
+        .as_u64()
+        .unwrap();
+    {
+        // One byte of the record's body flipped, inside a valid redb page: only idemdb's own
+        // checksum can see it.
+        use redb::ReadableTable as _;
+        const RECORDS: redb::TableDefinition<u64, &[u8]> = redb::TableDefinition::new("records");
+        let db = redb::Database::create(&path).unwrap();
+        let txn = db.begin_write().unwrap();
+        {
+            let mut table = txn.open_table(RECORDS).unwrap();
+            let mut value = table.get(fence).unwrap().unwrap().value().to_vec();
+            let last = value.len() - 5;
+            value[last] ^= 0x20;
+            table.insert(fence, value.as_slice()).unwrap();
+        }
+        txn.commit().unwrap();
+    }
+    let r = run(&["--json", "verify", p(&path)]);
+    assert_eq!(r.code, 5, "{}\n{}", r.stdout, r.stderr);
+    let v: Value = serde_json::from_str(&r.stdout).unwrap();
+    let damage = v["damage"].as_str().unwrap();
+    assert!(damage.contains(&format!("fence {fence}")), "{damage}");
+    assert!(damage.contains("paid"), "{damage}");
+    assert!(damage.contains("crc32"), "{damage}");
+}
+
+#[test]
 fn a_store_held_by_another_process_is_exit_4_and_says_what_to_do() {
     let dir = tempfile::tempdir().unwrap();
     let path = store_file(dir.path());
