@@ -49,6 +49,7 @@ mod file;
 mod fingerprint;
 #[cfg(feature = "http")]
 pub mod http;
+mod idempotent;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod record;
@@ -73,6 +74,7 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{PageCheck, StalePolicy};
 pub use error::{Damaged, Error, InputProblem, Result, StorageError};
 pub use fingerprint::{Fingerprint, FingerprintBuilder};
+pub use idempotent::{Attempt, CallOutcome, Failure, IdempotentFn, IdempotentFnBuilder};
 pub use record::MAX_RESPONSE_LIMIT;
 pub use response::Response;
 pub use scope::{validate_key, Scope, MAX_ENDPOINT_LEN, MAX_KEY_LEN, MAX_TENANT_LEN};
