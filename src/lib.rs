@@ -29,6 +29,9 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
+//! [`IdempotentFn`] does that bookkeeping around a closure: it runs at most once per key, and
+//! every later call gets what it returned (`docs/functions.md`).
+//!
 //! One process owns one store file. Services that run many replicas use the same `Store` on a
 //! PostgreSQL database they share: feature `postgres`, `Store::connect(url)`
 //! (`docs/postgres.md`).
@@ -88,3 +91,7 @@ struct ReadmeDoctests;
 #[cfg(doctest)]
 #[doc = include_str!("../docs/agents.md")]
 struct AgentsDoctests;
+
+#[cfg(doctest)]
+#[doc = include_str!("../docs/functions.md")]
+struct FunctionsDoctests;
