@@ -344,6 +344,23 @@ on_every_engine! {
 }
 
 on_every_engine! {
+    fn an_async_ambiguous_failure_stays_in_progress_and_a_transient_one_releases(b: Backend) {
+        let f = IdempotentFn::new(b.store(), scope());
+        let rt = runtime();
+        let out = rt.block_on(f.call_async("evt-18", b"", |_| async {
+            Err(Failure::Ambiguous(b"timeout after send".to_vec()))
+        }));
+        assert_eq!(out.unwrap(), CallOutcome::Unresolved { error: b"timeout after send".to_vec() });
+        assert_eq!(orphaned(&f, "evt-18"), Some(true), "left in progress, its holder gone");
+        let out = rt.block_on(f.call_async("evt-19", b"", |_| async {
+            Err(Failure::Transient(b"503".to_vec()))
+        }));
+        assert_eq!(out.unwrap(), CallOutcome::Released { error: b"503".to_vec() });
+        assert!(f.store().get(f.scope(), "evt-19").unwrap().is_none(), "released");
+    }
+}
+
+on_every_engine! {
     fn an_attempt_moved_out_of_the_closure_stops_renewing_once_it_returned(b: Backend) {
         let f = IdempotentFn::new(b.store(), scope());
         let kept = Mutex::new(None);
