@@ -213,6 +213,11 @@ impl Attempt {
     /// # Ok::<(), idemdb::Error>(())
     /// ```
     ///
+    /// # Concurrency
+    /// While the lease is renewed, duplicates of the call keep waiting or getting
+    /// [`CallOutcome::InProgress`]; none takes the key over. Renewals may come from any thread
+    /// the closure hands the attempt to.
+    ///
     /// # Errors
     /// [`Error::LeaseLost`] if the claim was taken over or reaped (stop: another attempt owns
     /// the side effect now), or if the closure already returned; the store's write errors.
@@ -284,6 +289,13 @@ impl Attempt {
 /// assert_eq!(balance, 50);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
+///
+/// # Concurrency
+/// `IdempotentFn` is cheap to clone (a [`Store`] and a [`Scope`]) and `Send + Sync`: share it
+/// across threads and tasks. Calls with one key run the closure once between them; the others
+/// wait for its result or get [`CallOutcome::InProgress`]. A panic in the closure releases the
+/// key and resumes; an async call dropped mid-closure leaves its claim to a reconciling
+/// takeover. Each call method says so in detail.
 #[derive(Debug, Clone)]
 pub struct IdempotentFn {
     store: Store,
