@@ -133,6 +133,16 @@ pub enum Error {
         /// The setting, and where it is not offered.
         what: String,
     },
+    /// An [`crate::IdempotentFn`] could not encode an input or result as JSON, or could not
+    /// decode a stored result as the type the call asked for (feature `serde`). A result that
+    /// ran but could not be encoded was not stored: its claim stays in progress, as after an
+    /// ambiguous failure.
+    ResultEncoding {
+        /// What failed: `"input"`, `"result"` or `"stored result"`.
+        what: &'static str,
+        /// The encoder's error.
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
 }
 
 /// The part of a store that [`Error::Corrupted`] found damaged.
@@ -355,6 +365,20 @@ impl fmt::Display for Error {
                  limit if the disk has room"
             ),
             Error::Unsupported { what } => write!(f, "not supported: {what}"),
+            Error::ResultEncoding {
+                what: "stored result",
+                source,
+            } => write!(
+                f,
+                "a stored result does not decode as the type this call asks for ({source}): \
+                 keep a function's result types compatible across versions, or give the changed \
+                 function a new scope"
+            ),
+            Error::ResultEncoding { what, source } => write!(
+                f,
+                "the {what} could not be encoded as JSON ({source}): use types whose \
+                 serialization cannot fail (no maps with non-string keys)"
+            ),
         }
     }
 }
@@ -364,6 +388,7 @@ impl std::error::Error for Error {
         match self {
             Error::Io(e) => Some(e),
             Error::Storage(e) => Some(e),
+            Error::ResultEncoding { source, .. } => Some(&**source),
             _ => None,
         }
     }

@@ -29,6 +29,9 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
+//! [`IdempotentFn`] does that bookkeeping around a closure: it runs at most once per key, and
+//! every later call gets what it returned (`docs/functions.md`).
+//!
 //! One process owns one store file. Services that run many replicas use the same `Store` on a
 //! PostgreSQL database they share: feature `postgres`, `Store::connect(url)`
 //! (`docs/postgres.md`).
@@ -49,6 +52,7 @@ mod file;
 mod fingerprint;
 #[cfg(feature = "http")]
 pub mod http;
+mod idempotent;
 mod listing;
 #[cfg(feature = "postgres")]
 mod postgres;
@@ -74,6 +78,7 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{PageCheck, StalePolicy};
 pub use error::{Damaged, Error, InputProblem, Result, StorageError};
 pub use fingerprint::{Fingerprint, FingerprintBuilder};
+pub use idempotent::{Attempt, CallOutcome, Failure, IdempotentFn, IdempotentFnBuilder};
 pub use listing::{ListedRecord, Query, RecordStatus};
 pub use record::MAX_RESPONSE_LIMIT;
 pub use response::Response;
@@ -92,3 +97,7 @@ struct AgentsDoctests;
 #[cfg(doctest)]
 #[doc = include_str!("../docs/operations.md")]
 struct OperationsDoctests;
+
+#[cfg(doctest)]
+#[doc = include_str!("../docs/functions.md")]
+struct FunctionsDoctests;

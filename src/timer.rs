@@ -67,7 +67,6 @@ pub(crate) struct Delay {
 }
 
 /// Resolves after `d` (or in [`far_future`] if `d` overflows the clock).
-#[cfg(feature = "http")]
 pub(crate) fn sleep(d: Duration) -> Delay {
     sleep_until(Instant::now().checked_add(d).unwrap_or_else(far_future))
 }

@@ -147,6 +147,7 @@ fn unhex(text: &str) -> Option<Vec<u8>> {
 }
 
 /// Reads every line of `input` into records, refusing the whole input at its first bad line.
+#[cfg(feature = "postgres")]
 pub(crate) fn read_lines(input: impl std::io::BufRead) -> Result<Vec<Moved>> {
     let mut out = Vec::new();
     for (n, line) in input.lines().enumerate() {

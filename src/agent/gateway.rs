@@ -1,23 +1,22 @@
 //! The gateway: claim before the tool runs, store its result, replay it on every retry.
 
 use super::key::ToolCallKey;
-use crate::claim::{Claim, Resolution, Takeover};
+use crate::claim::{Resolution, Takeover};
 use crate::error::{Error, Result};
 use crate::fingerprint::Fingerprint;
+use crate::idempotent::{Attempt, Once, Ran, Step, STATUS_FAILED, STATUS_OK};
 use crate::response::Response;
 use crate::scope::Scope;
 use crate::store::Store;
-use crate::timer::far_future;
 use sha2::{Digest, Sha256};
-use std::time::{Duration, Instant, SystemTime};
+use std::panic::{self, AssertUnwindSafe};
+use std::time::{Duration, SystemTime};
 
 /// The endpoint part of every tool call's scope: tool calls never share records with HTTP
 /// endpoints of the same tenant.
 const ENDPOINT: &str = "agent tool call";
 /// The stored response's header holding the SHA-256 of the arguments of the first attempt.
 const ARGS_HEADER: &str = "idemdb-tool-args-sha256";
-const STATUS_OK: u16 = 200;
-const STATUS_FAILED: u16 = 422;
 
 /// What a retry with the same key but different arguments gets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -63,8 +62,7 @@ pub struct ToolContext<'a> {
     /// out) and may have performed the side effect: reconcile first (look the effect up by the
     /// key) before performing it again.
     pub takeover: Option<&'a Takeover>,
-    store: &'a Store,
-    ticket: &'a crate::Ticket,
+    attempt: &'a Attempt,
 }
 
 impl ToolContext<'_> {
@@ -75,7 +73,7 @@ impl ToolContext<'_> {
     /// [`Error::LeaseLost`] if the call was already taken over or reaped: stop, another
     /// attempt owns the side effect now.
     pub fn extend_lease(&self, by: Duration) -> Result<()> {
-        self.store.extend(self.ticket, by)
+        self.attempt.extend_lease(by)
     }
 }
 
@@ -237,52 +235,50 @@ impl Gateway {
                 .finish(),
             ArgumentPolicy::Strict => Fingerprint::from_bytes(args_digest),
         };
-        let deadline = Instant::now()
-            .checked_add(self.wait)
-            .unwrap_or_else(far_future);
-        let ticket = loop {
-            match self.store.claim(&scope, key.as_str(), fingerprint)? {
-                Claim::Acquired(ticket) => break ticket,
-                Claim::Replay(stored) => return Ok(replayed(&stored, &args_digest)),
-                Claim::Mismatch { .. } => return Ok(Outcome::ArgumentsChanged),
-                Claim::InProgress { retry_after, .. } => {
-                    let now = Instant::now();
-                    if now >= deadline {
-                        return Ok(Outcome::InFlight { retry_after });
-                    }
-                    // Woken when the first attempt finishes, or its lease ends.
-                    self.store.wait(&scope, key.as_str(), deadline - now)?;
-                }
-            }
-        };
-        let ctx = ToolContext {
-            args,
-            fence: ticket.fence(),
-            takeover: ticket.takeover(),
+        let mut panicked = None;
+        let once = Once {
             store: &self.store,
-            ticket: &ticket,
+            scope: &scope,
+            key: key.as_str(),
+            fingerprint,
+            wait: self.wait,
         };
-        let (status, body) = match tool(&ctx) {
-            Ok(result) => (STATUS_OK, result),
-            Err(ToolError::Failed(failure)) => (STATUS_FAILED, failure),
-            Err(ToolError::Transient(reason)) => {
-                self.store.release(ticket)?;
-                return Ok(Outcome::Released { reason });
-            }
-            Err(ToolError::Ambiguous(reason)) => {
-                // Neither stored nor released: the claim stays in progress, and once its lease
-                // runs out the next attempt runs with `takeover` set, to reconcile first.
-                drop(ticket);
-                return Ok(Outcome::Unresolved { reason });
-            }
-        };
-        let response = Response::new(status, body).with_header(ARGS_HEADER, hex(&args_digest));
-        let takeover = ticket.takeover().cloned();
-        match self.store.complete(ticket, response.clone()) {
-            Ok(()) => Ok(Outcome::Executed {
-                result: result_of(&response),
+        let ran = once.run(|attempt| {
+            let ctx = ToolContext {
+                args,
+                fence: attempt.fence(),
+                takeover: attempt.takeover(),
+                attempt,
+            };
+            let (status, body) = match panic::catch_unwind(AssertUnwindSafe(|| tool(&ctx))) {
+                Ok(Ok(result)) => (STATUS_OK, result),
+                Ok(Err(ToolError::Failed(failure))) => (STATUS_FAILED, failure),
+                Ok(Err(ToolError::Transient(reason))) => return Step::Release(reason),
+                Ok(Err(ToolError::Ambiguous(reason))) => return Step::Leave(reason),
+                // As if the tool's process died: the claim stays in progress (the tool may
+                // have acted), and the panic goes on once it is left so.
+                Err(panic) => {
+                    panicked = Some(panic);
+                    return Step::Leave(String::new());
+                }
+            };
+            let response = Response::new(status, body).with_header(ARGS_HEADER, hex(&args_digest));
+            let result = result_of(&response);
+            Step::Store(response, result)
+        });
+        if let Some(panic) = panicked {
+            panic::resume_unwind(panic);
+        }
+        match ran {
+            Ok(Ran::Executed { value, takeover }) => Ok(Outcome::Executed {
+                result: value,
                 takeover,
             }),
+            Ok(Ran::Replayed(stored)) => Ok(replayed(&stored, &args_digest)),
+            Ok(Ran::InProgress { retry_after }) => Ok(Outcome::InFlight { retry_after }),
+            Ok(Ran::Mismatch { .. }) => Ok(Outcome::ArgumentsChanged),
+            Ok(Ran::Released(reason)) => Ok(Outcome::Released { reason }),
+            Ok(Ran::Unresolved(reason)) => Ok(Outcome::Unresolved { reason }),
             Err(Error::ResponseTooLarge {
                 size,
                 limit,
