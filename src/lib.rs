@@ -49,6 +49,7 @@ mod file;
 mod fingerprint;
 #[cfg(feature = "http")]
 pub mod http;
+mod observe;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod record;
