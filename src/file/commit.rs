@@ -372,7 +372,6 @@ impl Pipeline {
                 let now = self.record_bytes.load(Ordering::Relaxed);
                 self.record_bytes
                     .store(now.saturating_add_signed(bytes), Ordering::Relaxed);
-                self.observer.committed(batch.len());
                 Ok(())
             }
             Err(e) => {
@@ -468,7 +467,16 @@ impl Writer {
     /// sync; or, when the journal is full (or absent), committed durably into redb, which
     /// checkpoints everything before them too.
     /// Returns by how much the batch changed the records' bytes.
+    ///
+    /// The gauges are brought up to date here, by the leader with the state unlocked: a commit
+    /// stats the store file.
     fn commit(&mut self, db: &Database, ops: &[Op]) -> Result<i64> {
+        let bytes = self.make_durable(db, ops)?;
+        self.observer.committed(ops.len());
+        Ok(bytes)
+    }
+
+    fn make_durable(&mut self, db: &Database, ops: &[Op]) -> Result<i64> {
         let Some(journal) = &mut self.journal else {
             return write_batch(db, ops, &mut self.reserved, Commit::Durable);
         };
