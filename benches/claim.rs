@@ -30,6 +30,13 @@
 //! measure another disk. Keys are 40 random visible-ASCII bytes spread over a few tenants,
 //! drawn from fixed seeds, so every run claims the same keys.
 //!
+//! With features `metrics` and `tracing` (`cargo bench --features metrics,tracing --bench
+//! claim`), the process observes as a production one would: a Prometheus recorder is installed
+//! before the first store opens (its upkeep runs every 5 s, as the exporter's own listener
+//! would run it), and a subscriber at INFO, under which idemdb's spans (DEBUG) are disabled by
+//! level. Without the features, nothing is observed: the two runs, side by side, are the cost
+//! of observing (`docs/performance.md`, "Observability cost").
+//!
 //! Absolute figures depend on the disk's fsync latency far more than on the code, and vary
 //! from run to run and machine to machine: read the idemdb/naive ratios within one run, never
 //! across runs.
@@ -112,6 +119,62 @@ impl Workload {
     }
 }
 
+/// Installs what a production process observes with, once, when the features are on.
+fn observe() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        #[cfg(feature = "metrics")]
+        {
+            let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
+                .install_recorder()
+                .expect("install the Prometheus recorder");
+            std::thread::spawn(move || loop {
+                std::thread::sleep(Duration::from_secs(5));
+                handle.run_upkeep();
+            });
+        }
+        #[cfg(feature = "tracing")]
+        tracing::subscriber::set_global_default(info::Subscriber)
+            .expect("install the tracing subscriber");
+    });
+}
+
+/// A subscriber at INFO, as in production: idemdb's spans (DEBUG) are disabled by level, so
+/// each costs a level check. What it would do with an enabled event (format and write it) is
+/// not measured: none fires in these benchmarks but a checkpoint's, at DEBUG.
+#[cfg(feature = "tracing")]
+mod info {
+    use tracing::level_filters::LevelFilter;
+    use tracing::span::{Attributes, Id, Record};
+    use tracing::{Event, Level, Metadata};
+
+    pub(crate) struct Subscriber;
+
+    impl tracing::Subscriber for Subscriber {
+        fn enabled(&self, metadata: &Metadata<'_>) -> bool {
+            *metadata.level() <= Level::INFO
+        }
+
+        fn max_level_hint(&self) -> Option<LevelFilter> {
+            Some(LevelFilter::INFO)
+        }
+
+        fn new_span(&self, _: &Attributes<'_>) -> Id {
+            Id::from_u64(1)
+        }
+
+        fn record(&self, _: &Id, _: &Record<'_>) {}
+
+        fn record_follows_from(&self, _: &Id, _: &Id) {}
+
+        fn event(&self, _: &Event<'_>) {}
+
+        fn enter(&self, _: &Id) {}
+
+        fn exit(&self, _: &Id) {}
+    }
+}
+
 fn bench_dir() -> TempDir {
     common::bench_dir("idemdb-bench-")
 }
@@ -128,6 +191,7 @@ impl IdemBench {
     }
 
     fn open_with(builder: idemdb::StoreBuilder) -> Self {
+        observe();
         let dir = bench_dir();
         let store = builder
             .open(dir.path().join("bench.idem"))

@@ -1,7 +1,7 @@
 //! A payment API behind the `Idempotency-Key` layer, driven by a client that retries.
 //!
 //! ```text
-//! cargo run --release --example axum_payments
+//! cargo run --release --features http,metrics --example axum_payments
 //! ```
 //!
 //! The server is an axum app with one route, `POST /v1/payments` (`{"amount": 5000,
@@ -15,13 +15,18 @@
 //! amount (422), and a processor outage (503: the key is released, so the retry after the
 //! outage charges). It prints each exchange and
 //! exits non-zero unless the processor charged exactly once per logical payment.
+//!
+//! The server also serves the store's metrics at `GET /metrics` in Prometheus's text format
+//! (feature `metrics`, rendered by `metrics-exporter-prometheus` without a listener of its own);
+//! the client scrapes it at the end and checks that the claim counters add up.
 
 use axum::extract::State;
 use axum::http::StatusCode;
-use axum::routing::post;
+use axum::routing::{get, post};
 use axum::{Json, Router};
 use idemdb::http::IdempotencyLayer;
 use idemdb::Store;
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use serde_json::{json, Value};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -61,8 +66,9 @@ async fn create_payment(
     (StatusCode::CREATED, Json(payment))
 }
 
-/// The server: the route, and the idempotency layer over a store file.
-fn app(store: Store, processor: Arc<Processor>) -> Router {
+/// The server: the route, the idempotency layer over a store file, and `/metrics` (outside the
+/// layer).
+fn app(store: Store, processor: Arc<Processor>, metrics: PrometheusHandle) -> Router {
     let idempotency = IdempotencyLayer::builder(store, |parts| {
         let api_key = parts.headers.get("x-api-key")?.to_str().ok()?;
         Some(api_key.to_owned())
@@ -76,6 +82,10 @@ fn app(store: Store, processor: Arc<Processor>) -> Router {
         .route("/v1/payments", post(create_payment))
         .with_state(processor)
         .layer(idempotency)
+        .route(
+            "/metrics",
+            get(move || std::future::ready(metrics.render())),
+        )
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -171,8 +181,12 @@ fn ensure(ok: bool, what: &str) -> Result<(), String> {
 }
 
 fn run() -> Result<(), Box<dyn std::error::Error>> {
+    // The recorder goes in before the store opens: a store registers its metrics as it opens.
+    let metrics = PrometheusBuilder::new().install_recorder()?;
     let dir = tempfile::tempdir()?;
-    let store = Store::open(dir.path().join("payments.idem"))?;
+    let store = Store::builder()
+        .name("payments")
+        .open(dir.path().join("payments.idem"))?;
     let processor = Arc::new(Processor::default());
 
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -181,7 +195,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         .build()?;
     let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))?;
     let addr = listener.local_addr()?;
-    let server = app(store, Arc::clone(&processor));
+    let server = app(store, Arc::clone(&processor), metrics);
     rt.spawn(async move { axum::serve(listener, server).await });
     println!("payment API on http://{addr}\n");
 
@@ -269,6 +283,32 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let charges = processor.charges.load(Ordering::SeqCst);
     println!("\nlogical payments: {payments}, charges: {charges}");
     ensure(charges == payments, "one charge per logical payment")?;
+
+    println!("\n7. what GET /metrics says (the idemdb counters)");
+    let text = client
+        .agent
+        .get(&format!("{}/metrics", client.base))
+        .call()?
+        .body_mut()
+        .read_to_string()?;
+    let counter = |series: &str| -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+            .unwrap_or(0.0)
+    };
+    for line in text
+        .lines()
+        .filter(|l| l.starts_with("idemdb_") && l.contains("_total"))
+    {
+        println!("   {line}");
+    }
+    // Every logical payment acquired its key once, and the outage's key once more.
+    let acquired = counter(r#"idemdb_claims_total{store="payments",decision="acquired"}"#);
+    ensure(acquired == (payments + 1) as f64, "claims acquired")?;
+    let completes = counter(r#"idemdb_completes_total{store="payments"}"#);
+    ensure(completes == payments as f64, "one completion per payment")?;
+    let releases = counter(r#"idemdb_releases_total{store="payments"}"#);
+    ensure(releases == 1.0, "the outage's key was released")?;
     Ok(())
 }
 

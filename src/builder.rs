@@ -4,6 +4,7 @@
 use crate::clock::Clock;
 use crate::config::{Config, PageCheck, StalePolicy};
 use crate::error::Result;
+use crate::observe::Observer;
 use crate::record::MAX_RESPONSE_LIMIT;
 use crate::store::Store;
 use std::path::Path;
@@ -225,6 +226,30 @@ impl StoreBuilder {
         self
     }
 
+    /// A name for this store in what it reports: a `store="<name>"` label on each of its
+    /// metrics (feature `metrics`) and a `store` field on each of its spans and events
+    /// (feature `tracing`), so that several stores in one process are told apart. Default:
+    /// none, and no such label, which suits one store per process. Stores that share a name
+    /// (or have none) share their series: their counters add up, and each of their gauges
+    /// shows whichever store set it last. `docs/operations.md` lists what is reported.
+    ///
+    /// ```
+    /// let orders = idemdb::Store::builder().name("orders").in_memory()?;
+    /// let refunds = idemdb::Store::builder().name("refunds").in_memory()?;
+    /// # Ok::<(), idemdb::Error>(())
+    /// ```
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.config.name = Some(name.into());
+        self
+    }
+
+    /// The configuration a store opens with: its instruments registered now, with the
+    /// metrics recorder installed at this moment. `file`: the store file, for the file gauges.
+    fn attached(mut self, file: Option<&Path>) -> Config {
+        self.config.observer = Observer::attach(self.config.name.as_deref(), file);
+        self.config
+    }
+
     /// PostgreSQL: the schema that holds the store's tables, so that several independent
     /// stores share one database. Default: `idemdb`. Created on connect if missing.
     /// File stores ignore it.
@@ -303,7 +328,9 @@ impl StoreBuilder {
     /// [`crate::Error::UnsupportedFormat`] for a schema a newer idemdb made.
     #[cfg(feature = "postgres")]
     pub fn connect(self, url: &str) -> Result<Store> {
-        crate::postgres::connect(self.config, url).map(Store::postgres)
+        let config = self.attached(None);
+        let observer = config.observer.clone();
+        crate::postgres::connect(config, url).map(|pg| Store::postgres(pg, observer))
     }
 
     /// Opens the store at `path`, creating it (and fsyncing its directory) if it does not exist,
@@ -316,8 +343,13 @@ impl StoreBuilder {
     /// [`crate::Error::Io`] for the operating system's errors.
     pub fn open(self, path: impl AsRef<Path>) -> Result<Store> {
         let path = path.as_ref();
-        let store = crate::file::open::file(self.config.clone(), path)?;
-        Ok(self.serve(store, crate::file::heal::Source::File(path.to_owned())))
+        let config = self.attached(Some(path));
+        let store = crate::file::open::file(config.clone(), path)?;
+        Ok(serve(
+            store,
+            crate::file::heal::Source::File(path.to_owned()),
+            config,
+        ))
     }
 
     /// Creates a store file at `path`, which must not exist, holding the records
@@ -357,8 +389,13 @@ impl StoreBuilder {
         input: impl std::io::BufRead,
     ) -> Result<(Store, u64)> {
         let path = path.as_ref();
-        let (store, imported) = crate::file::import::new_file(self.config.clone(), path, input)?;
-        let store = self.serve(store, crate::file::heal::Source::File(path.to_owned()));
+        let config = self.attached(Some(path));
+        let (store, imported) = crate::file::import::new_file(config.clone(), path, input)?;
+        let store = serve(
+            store,
+            crate::file::heal::Source::File(path.to_owned()),
+            config,
+        );
         Ok((store, imported))
     }
 
@@ -367,8 +404,9 @@ impl StoreBuilder {
     /// # Errors
     /// Only if the storage engine fails to initialise, which it does not in memory.
     pub fn in_memory(self) -> Result<Store> {
-        crate::file::open::in_memory(self.config.clone())
-            .map(|store| self.serve(store, crate::file::heal::Source::Memory))
+        let config = self.attached(None);
+        crate::file::open::in_memory(config.clone())
+            .map(|store| serve(store, crate::file::heal::Source::Memory, config))
     }
 
     /// Opens the store on a simulated disk. For idemdb's own crash tests and fuzzing only:
@@ -383,12 +421,21 @@ impl StoreBuilder {
             // The crash tests count on a halted store staying halted.
             self.config.heal_after = None;
         }
-        let store = crate::file::open::simulated(self.config.clone(), disk)?;
-        Ok(self.serve(store, crate::file::heal::Source::Simulated(disk.clone())))
+        let config = self.attached(None);
+        let store = crate::file::open::simulated(config.clone(), disk)?;
+        Ok(serve(
+            store,
+            crate::file::heal::Source::Simulated(disk.clone()),
+            config,
+        ))
     }
+}
 
-    /// The public store over a file store just opened, healing as configured.
-    fn serve(self, store: crate::file::FileStore, source: crate::file::heal::Source) -> Store {
-        Store::file(crate::file::heal::Healing::new(store, source, self.config))
-    }
+/// The public store over a file store just opened, healing as configured.
+fn serve(
+    store: crate::file::FileStore,
+    source: crate::file::heal::Source,
+    config: crate::config::Config,
+) -> Store {
+    Store::file(crate::file::heal::Healing::new(store, source, config))
 }

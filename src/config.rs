@@ -74,6 +74,10 @@ pub(crate) struct Config {
     pub(crate) max_live_per_tenant: Option<u64>,
     /// The most bytes of records a claim of a new key may find (file engine only).
     pub(crate) max_store_bytes: Option<u64>,
+    /// The `store` label of the store's metrics and field of its spans; `None`: none.
+    pub(crate) name: Option<String>,
+    /// The store's instruments: inert until the store opens ([`crate::observe::Observer::attach`]).
+    pub(crate) observer: crate::observe::Observer,
     /// PostgreSQL: the schema holding the store's tables.
     #[cfg(feature = "postgres")]
     pub(crate) schema: String,
@@ -107,6 +111,8 @@ impl Default for Config {
             heal_set: false,
             max_live_per_tenant: None,
             max_store_bytes: None,
+            name: None,
+            observer: crate::observe::Observer::default(),
             #[cfg(feature = "postgres")]
             schema: String::from("idemdb"),
             #[cfg(feature = "postgres")]

@@ -54,6 +54,7 @@ mod fingerprint;
 pub mod http;
 mod idempotent;
 mod listing;
+mod observe;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod record;

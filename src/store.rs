@@ -8,6 +8,7 @@ use crate::error::Result;
 use crate::file::heal::Healing;
 use crate::fingerprint::Fingerprint;
 use crate::listing::{ListedRecord, Query};
+use crate::observe::{Observer, Op, Subject};
 use crate::response::Response;
 use crate::scope::Scope;
 use crate::stats::Stats;
@@ -47,6 +48,8 @@ use std::time::Duration;
 #[derive(Clone, Debug)]
 pub struct Store {
     pub(crate) engine: Engine,
+    /// Spans and metrics (features `tracing`, `metrics`); empty without them.
+    observer: Observer,
 }
 
 /// The engine a store runs on.
@@ -74,14 +77,16 @@ macro_rules! dispatch {
 impl Store {
     pub(crate) fn file(store: Healing) -> Store {
         Store {
+            observer: store.observer().clone(),
             engine: Engine::File(store),
         }
     }
 
     #[cfg(feature = "postgres")]
-    pub(crate) fn postgres(store: crate::postgres::PgStore) -> Store {
+    pub(crate) fn postgres(store: crate::postgres::PgStore, observer: Observer) -> Store {
         Store {
             engine: Engine::Postgres(store),
+            observer,
         }
     }
 
@@ -107,7 +112,9 @@ impl Store {
     /// failed, in which case the claim is not held.
     /// On PostgreSQL, [`crate::Error::Database`] if the database fails or cannot be reached.
     pub fn claim(&self, scope: &Scope, key: &str, fingerprint: Fingerprint) -> Result<Claim> {
-        dispatch!(self, e => e.claim(scope, key, fingerprint))
+        self.observer
+            .claim(scope)
+            .claim(|| dispatch!(self, e => e.claim(scope, key, fingerprint)))
     }
 
     /// Stores `response` for the ticket's key and ends the claim: every later claim with the
@@ -127,7 +134,9 @@ impl Store {
     /// ticket is from another store; [`crate::Error::Halted`] / [`crate::Error::Io`] if the commit failed.
     /// On PostgreSQL, [`crate::Error::Database`] if the database fails or cannot be reached.
     pub fn complete(&self, ticket: Ticket, response: Response) -> Result<()> {
-        dispatch!(self, e => e.complete(ticket, response))
+        self.observer
+            .op(Op::Complete, Subject::Ticket(&ticket))
+            .call(|| dispatch!(self, e => e.complete(ticket, response)))
     }
 
     /// Deletes the claim, durably, so the next claim of the key is `Acquired` and executes.
@@ -143,7 +152,9 @@ impl Store {
     /// [`crate::Error::Halted`] / [`crate::Error::Io`] if the commit failed.
     /// On PostgreSQL, [`crate::Error::Database`] if the database fails or cannot be reached.
     pub fn release(&self, ticket: Ticket) -> Result<()> {
-        dispatch!(self, e => e.release(ticket))
+        self.observer
+            .op(Op::Release, Subject::Ticket(&ticket))
+            .call(|| dispatch!(self, e => e.release(ticket)))
     }
 
     /// Renews the ticket's lease to run until `by` from now, durably, so a slow handler is not
@@ -155,7 +166,9 @@ impl Store {
     /// commit failed.
     /// On PostgreSQL, [`crate::Error::Database`] if the database fails or cannot be reached.
     pub fn extend(&self, ticket: &Ticket, by: Duration) -> Result<()> {
-        dispatch!(self, e => e.extend(ticket, by))
+        self.observer
+            .op(Op::Extend, Subject::Ticket(ticket))
+            .call(|| dispatch!(self, e => e.extend(ticket, by)))
     }
 
     /// The record of `key` in `scope` as claims see it now: `None` if absent or expired.
@@ -202,7 +215,11 @@ impl Store {
         key: &str,
         fingerprint: Fingerprint,
     ) -> Result<Claim> {
-        dispatch!(self, e => e.claim_async(scope, key, fingerprint).await)
+        let span = self.observer.claim(scope);
+        span.claim_async(async {
+            dispatch!(self, e => e.claim_async(scope, key, fingerprint).await)
+        })
+        .await
     }
 
     /// [`Store::complete`], awaiting the completion's fsync instead of blocking on it.
@@ -214,7 +231,9 @@ impl Store {
     /// As [`Store::complete`].
     /// On PostgreSQL, [`crate::Error::Database`] if the database fails or cannot be reached.
     pub async fn complete_async(&self, ticket: Ticket, response: Response) -> Result<()> {
-        dispatch!(self, e => e.complete_async(ticket, response).await)
+        let span = self.observer.op(Op::Complete, Subject::Ticket(&ticket));
+        span.call_async(async { dispatch!(self, e => e.complete_async(ticket, response).await) })
+            .await
     }
 
     /// [`Store::release`], awaiting the fsync instead of blocking on it.
@@ -223,7 +242,9 @@ impl Store {
     /// As [`Store::release`].
     /// On PostgreSQL, [`crate::Error::Database`] if the database fails or cannot be reached.
     pub async fn release_async(&self, ticket: Ticket) -> Result<()> {
-        dispatch!(self, e => e.release_async(ticket).await)
+        let span = self.observer.op(Op::Release, Subject::Ticket(&ticket));
+        span.call_async(async { dispatch!(self, e => e.release_async(ticket).await) })
+            .await
     }
 
     /// [`Store::extend`], awaiting the fsync instead of blocking on it.
@@ -232,7 +253,9 @@ impl Store {
     /// As [`Store::extend`].
     /// On PostgreSQL, [`crate::Error::Database`] if the database fails or cannot be reached.
     pub async fn extend_async(&self, ticket: &Ticket, by: Duration) -> Result<()> {
-        dispatch!(self, e => e.extend_async(ticket, by).await)
+        let span = self.observer.op(Op::Extend, Subject::Ticket(ticket));
+        span.call_async(async { dispatch!(self, e => e.extend_async(ticket, by).await) })
+            .await
     }
 
     /// Hands every stale claim to `resolver` and applies its decision: claims whose lease ran
@@ -272,7 +295,9 @@ impl Store {
     /// before it stay resolved and durable); [`crate::Error::Halted`] / [`crate::Error::Io`] if a commit fails.
     /// On PostgreSQL, [`crate::Error::Database`] if the database fails or cannot be reached.
     pub fn reap(&self, resolver: impl FnMut(&StaleClaim) -> Resolution) -> Result<usize> {
-        dispatch!(self, e => e.reap(resolver))
+        self.observer
+            .op(Op::Reap, Subject::Store)
+            .call_counted(|| dispatch!(self, e => e.reap(resolver)))
     }
 
     /// Deletes every record whose TTL ran out, oldest first, and returns how many. The cost is
@@ -288,7 +313,9 @@ impl Store {
     /// expiry entry.
     /// On PostgreSQL, [`crate::Error::Database`] if the database fails or cannot be reached.
     pub fn purge_expired(&self) -> Result<usize> {
-        dispatch!(self, e => e.purge_expired())
+        self.observer
+            .op(Op::Purge, Subject::Store)
+            .call_counted(|| dispatch!(self, e => e.purge_expired()))
     }
 
     /// Blocks until no claim holds `key` in `scope`, or `timeout` passes: until a claim of the
@@ -333,7 +360,9 @@ impl Store {
     /// [`crate::Error::Halted`] if the store halted (also while waiting).
     /// On PostgreSQL, [`crate::Error::Database`] if the database fails or cannot be reached.
     pub fn wait(&self, scope: &Scope, key: &str, timeout: Duration) -> Result<bool> {
-        dispatch!(self, e => e.wait(scope, key, timeout))
+        self.observer
+            .op(Op::Wait, Subject::Scope(scope))
+            .call(|| dispatch!(self, e => e.wait(scope, key, timeout)))
     }
 
     /// [`Store::wait`] without blocking the thread: the future is woken by the change itself,
@@ -357,7 +386,8 @@ impl Store {
     ) -> impl Future<Output = Result<bool>> + Send + '_ {
         let waiting: std::pin::Pin<Box<dyn Future<Output = Result<bool>> + Send + '_>> =
             dispatch!(self, e => Box::pin(e.wait_async(scope, key, timeout)));
-        waiting
+        let span = self.observer.op(Op::Wait, Subject::Scope(scope));
+        span.call_async(waiting)
     }
 
     /// Hands the records `query` selects to `each`, one at a time, until `each` returns

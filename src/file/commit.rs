@@ -21,6 +21,7 @@
 use crate::error::{Error, Result};
 use crate::file::disk::{write_batch, Commit, Op};
 use crate::file::journal::{Appended, Journal};
+use crate::observe::{Lap, Observer};
 use crate::sync::{Arc, AtomicBool, AtomicU64, Condvar, Mutex, MutexGuard, Ordering, RwLock};
 use redb::Database;
 use std::future::Future;
@@ -49,6 +50,7 @@ pub(crate) struct Pipeline {
     flusher_started: Once,
     /// Called once the pipeline halts, so that waiters see the error.
     on_halt: Box<dyn Fn() + Send + Sync>,
+    observer: Observer,
 }
 
 struct State {
@@ -129,6 +131,7 @@ impl Pipeline {
         record_bytes: u64,
         journal: Option<Journal>,
         on_halt: Box<dyn Fn() + Send + Sync>,
+        observer: Observer,
     ) -> Pipeline {
         let checkpoints = Arc::new(AtomicU64::new(0));
         Pipeline {
@@ -146,6 +149,7 @@ impl Pipeline {
                     reserved,
                     journal,
                     checkpoints: Arc::clone(&checkpoints),
+                    observer: observer.clone(),
                 }),
                 wakers: Vec::new(),
             }),
@@ -157,6 +161,7 @@ impl Pipeline {
             flusher: Arc::default(),
             flusher_started: Once::new(),
             on_halt,
+            observer,
         }
     }
 
@@ -370,7 +375,9 @@ impl Pipeline {
                 Ok(())
             }
             Err(e) => {
-                s.halted = Some(e.to_string());
+                let cause = e.to_string();
+                self.observer.halted(&cause);
+                s.halted = Some(cause);
                 self.halted.store(true, Ordering::Release);
                 Err(e)
             }
@@ -407,7 +414,9 @@ impl Pipeline {
             if spawned.is_err() {
                 // Without a flusher, async waiters would wait forever: halt instead.
                 let mut s = self.state.lock();
-                s.halted = Some("could not start the idemdb-flush thread".into());
+                let cause = "could not start the idemdb-flush thread";
+                self.observer.halted(cause);
+                s.halted = Some(cause.into());
                 self.halted.store(true, Ordering::Release);
                 drop(s);
                 (self.on_halt)();
@@ -450,6 +459,7 @@ struct Writer {
     reserved: u64,
     journal: Option<Journal>,
     checkpoints: Arc<AtomicU64>,
+    observer: Observer,
 }
 
 impl Writer {
@@ -457,15 +467,30 @@ impl Writer {
     /// sync; or, when the journal is full (or absent), committed durably into redb, which
     /// checkpoints everything before them too.
     /// Returns by how much the batch changed the records' bytes.
+    ///
+    /// The gauges are brought up to date here, by the leader with the state unlocked: a commit
+    /// stats the store file.
     fn commit(&mut self, db: &Database, ops: &[Op]) -> Result<i64> {
+        let bytes = self.make_durable(db, ops)?;
+        self.observer.committed(ops.len());
+        Ok(bytes)
+    }
+
+    fn make_durable(&mut self, db: &Database, ops: &[Op]) -> Result<i64> {
         let Some(journal) = &mut self.journal else {
             return write_batch(db, ops, &mut self.reserved, Commit::Durable);
         };
+        let lap = Lap::start();
         match journal.append(ops)? {
-            Appended::Durable => write_batch(db, ops, &mut self.reserved, Commit::Journaled),
+            Appended::Durable => {
+                self.observer.synced(&lap);
+                write_batch(db, ops, &mut self.reserved, Commit::Journaled)
+            }
             Appended::Full => {
+                let lap = Lap::start();
                 let bytes = journal.checkpoint(db, ops, &mut self.reserved)?;
                 self.checkpoints.fetch_add(1, Ordering::Relaxed);
+                self.observer.checkpointed(ops.len(), &lap);
                 Ok(bytes)
             }
         }

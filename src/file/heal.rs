@@ -78,7 +78,7 @@ struct State {
 /// Why an attempt failed.
 enum Failed {
     /// The disk may work later.
-    Retry,
+    Retry(String),
     /// It will not: the store stays halted.
     GiveUp(String),
 }
@@ -93,6 +93,11 @@ impl Healing {
                 state: Mutex::new(State::default()),
             }),
         }
+    }
+
+    /// The instruments of the store, which every store a heal opens keeps.
+    pub(crate) fn observer(&self) -> &crate::observe::Observer {
+        &self.shared.config.observer
     }
 
     /// The store to run an operation on. One that halted starts the attempts to heal it (and
@@ -134,14 +139,17 @@ fn attempt_until_healed(shared: &Weak<Shared>, first: Duration) {
             return;
         };
         let outcome = shared.attempt();
+        let observer = &shared.config.observer;
         let mut state = shared.state.lock();
         match outcome {
             Ok(()) => {
+                observer.heal_attempted(Ok(()));
                 state.running = false;
                 return;
             }
-            Err(Failed::Retry) => {}
+            Err(Failed::Retry(why)) => observer.heal_attempted(Err((&why, true))),
             Err(Failed::GiveUp(why)) => {
+                observer.heal_attempted(Err((&why, false)));
                 state.running = false;
                 shared.current.read().inner.pipeline.note_on_halt(&why);
                 state.gave_up = Some(why);
@@ -168,7 +176,7 @@ impl Shared {
             ));
         }
         let mut healed = self.reopen().map_err(|e| match e {
-            Error::Io(_) => Failed::Retry,
+            Error::Io(e) => Failed::Retry(e.to_string()),
             other => Failed::GiveUp(format!("the store could not be reopened: {other}")),
         })?;
         healed.continue_counting(&halted);

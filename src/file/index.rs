@@ -236,6 +236,21 @@ impl Index {
         }
     }
 
+    /// How many claims in progress and completed records the index holds: a scan of every
+    /// stripe, for the figures an open reports.
+    pub(crate) fn census(&self) -> (u64, u64) {
+        let mut in_progress = 0u64;
+        let mut total = 0u64;
+        for stripe in self.stripes() {
+            total += stripe.len() as u64;
+            in_progress += stripe
+                .values()
+                .filter(|s| matches!(s.state(), SlotState::InProgress { .. }))
+                .count() as u64;
+        }
+        (in_progress, total - in_progress)
+    }
+
     pub(crate) fn len(&self) -> usize {
         self.stripes.iter().map(|s| s.lock().len()).sum()
     }

@@ -38,9 +38,12 @@ impl FileStore {
                     .map(|(k, slot)| (*k, slot.clone())),
             );
         }
+        let observer = &inner.config.observer;
         if stale.is_empty() {
+            observer.stale(0);
             return Ok(0);
         }
+        let found = stale.len();
         let mut resolved = 0;
         let mut last: Option<Seq> = None;
         let mut failure = None;
@@ -129,10 +132,12 @@ impl FileStore {
                 None => {
                     stripe.remove(&key.hash);
                     self.uncount(&key.bytes);
+                    observer.census(-1, 0);
                     inner.watchers.notify(&key.hash);
                 }
                 Some(state) => {
                     current.set_state(state);
+                    observer.census(-1, 1);
                     drop(stripe);
                     completed.push((key, slot.fence()));
                 }
@@ -146,6 +151,7 @@ impl FileStore {
             self.mark_durable(key, *fence);
         }
         Counters::bump(&inner.counters.reaped, resolved as u64);
+        observer.stale(found - resolved);
         match failure {
             Some(e) => Err(e),
             None => Ok(resolved),
@@ -180,6 +186,7 @@ impl FileStore {
                 }))?);
                 stripe.remove(&hash);
                 self.uncount(&d.key);
+                inner.config.observer.census(0, -1);
                 purged += 1;
             }
             if let Some(seq) = last {

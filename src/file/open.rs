@@ -154,9 +154,12 @@ fn start(
 ) -> Result<FileStore> {
     let meta = disk::meta(&db)?;
     let mut reserved = meta.fence_reserved;
+    let mut replayed = 0;
     let journal = match journal {
         Some(source) if source.capacity > 0 => {
-            Some(recover_journal(&db, source, &meta, &mut reserved)?)
+            let (journal, ops) = recover_journal(&db, source, &meta, &mut reserved)?;
+            replayed = ops;
+            Some(journal)
         }
         _ if meta.journal_epoch > 0 => {
             // The journal may hold acknowledged batches: it must be read, never skipped.
@@ -165,6 +168,10 @@ fn start(
         _ => None,
     };
     let (index, loaded) = load_index(&config, &db, reserved, file_bytes)?;
+    if crate::observe::ACTIVE {
+        let (in_progress, completed) = index.census();
+        config.observer.opened(replayed, in_progress, completed);
+    }
     let db = match reopen {
         Some(open) => {
             drop(db);
@@ -193,13 +200,14 @@ fn journal_missing(epoch: u64) -> Error {
 }
 
 /// Replays the journal's current epoch into the redb file and checkpoints it: one durable
-/// commit of every journaled op, raising the epoch, so the journal starts empty.
+/// commit of every journaled op, raising the epoch, so the journal starts empty. Returns the
+/// journal and how many ops it replayed.
 fn recover_journal(
     db: &redb::Database,
     source: JournalSource,
     meta: &disk::Meta,
     reserved: &mut u64,
-) -> Result<Journal> {
+) -> Result<(Journal, usize)> {
     let epoch = meta.journal_epoch;
     if (epoch > 0 || meta.journal_bytes > 0) && !source.existed {
         return Err(journal_missing(epoch));
@@ -214,7 +222,7 @@ fn recover_journal(
     let (mut journal, ops) = Journal::recover(file, binding, source.capacity)?;
     // The records' bytes are counted by the scan that follows.
     journal.checkpoint(db, &ops, reserved)?;
-    Ok(journal)
+    Ok((journal, ops.len()))
 }
 
 /// Builds the index from the file. Two records whose keys share a 128-bit hash (about 10⁻²⁵ at

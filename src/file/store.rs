@@ -80,6 +80,7 @@ impl FileStore {
                     loaded.record_bytes,
                     journal,
                     on_halt,
+                    config.observer.clone(),
                 )),
                 watchers,
                 replays: ReplayCache::new(config.replay_cache_bytes),
@@ -203,6 +204,7 @@ impl FileStore {
         }
         // Only a record for a key that holds none counts against its tenant.
         let tenants = inner.index.tenants.as_ref().filter(|_| replaces.is_none());
+        let replaced = replaces.is_some();
         if let Some(tenants) = tenants {
             tenants.admit(&key.bytes)?;
         }
@@ -228,6 +230,12 @@ impl FileStore {
         };
         stripe.insert(key.hash, Slot::new(fence, tag, state));
         drop(stripe);
+        // A takeover replaces a claim in progress; otherwise an expired completion, or nothing.
+        match (&takeover, replaced) {
+            (Some(_), _) => {}
+            (None, true) => inner.config.observer.census(1, -1),
+            (None, false) => inner.config.observer.census(1, 0),
+        }
         let ticket = Ticket {
             holder: Holder::File(Arc::downgrade(&self.inner)),
             key: key.clone(),
@@ -443,6 +451,7 @@ impl FileStore {
             });
             seq
         };
+        inner.config.observer.census(-1, 1);
         ticket.spend();
         Ok((seq, ticket))
     }
@@ -467,6 +476,7 @@ impl FileStore {
         let seq = inner.pipeline.enqueue(Op::Delete(gone))?;
         stripe.remove(&ticket.key.hash);
         self.uncount(&ticket.key.bytes);
+        inner.config.observer.census(-1, 0);
         inner.watchers.notify(&ticket.key.hash);
         drop(stripe);
         ticket.spend();
@@ -518,6 +528,7 @@ impl FileStore {
         if let Ok(seq) = inner.pipeline.enqueue(Op::Delete(Gone::of(slot))) {
             stripe.remove(&ticket.key.hash);
             self.uncount(&ticket.key.bytes);
+            inner.config.observer.census(-1, 0);
             inner.watchers.notify(&ticket.key.hash);
             drop(stripe);
             inner.pipeline.commit_soon(seq);
