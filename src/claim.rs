@@ -196,6 +196,37 @@ pub struct Entry {
     pub state: EntryState,
 }
 
+impl Entry {
+    /// Where the record stands at `now`: a claim is an orphan if its holder is gone, stale once
+    /// its lease ran out, else in progress; a completion is expired once its TTL ran out.
+    ///
+    /// ```
+    /// use idemdb::{Claim, Fingerprint, RecordStatus, Scope, Store};
+    /// use std::time::{Duration, SystemTime};
+    /// let store = Store::in_memory()?;
+    /// let scope = Scope::new("t", "POST /x");
+    /// let Claim::Acquired(ticket) = store.claim(&scope, "k", Fingerprint::of(b"x"))? else { panic!() };
+    /// let entry = store.get(&scope, "k")?.unwrap();
+    /// assert_eq!(entry.status_at(SystemTime::now()), RecordStatus::InProgress);
+    /// let later = SystemTime::now() + store.lease_duration() + Duration::from_secs(1);
+    /// assert_eq!(entry.status_at(later), RecordStatus::Stale);
+    /// # drop(ticket);
+    /// # Ok::<(), idemdb::Error>(())
+    /// ```
+    pub fn status_at(&self, now: SystemTime) -> crate::RecordStatus {
+        use crate::RecordStatus;
+        match &self.state {
+            EntryState::InProgress { orphan: true, .. } => RecordStatus::Orphan,
+            EntryState::InProgress { lease_deadline, .. } if *lease_deadline <= now => {
+                RecordStatus::Stale
+            }
+            EntryState::InProgress { .. } => RecordStatus::InProgress,
+            EntryState::Completed { expires_at, .. } if *expires_at <= now => RecordStatus::Expired,
+            EntryState::Completed { .. } => RecordStatus::Completed,
+        }
+    }
+}
+
 /// The state part of an [`Entry`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EntryState {

@@ -60,18 +60,6 @@ impl RecordStatus {
     fn bit(self) -> u8 {
         1 << (self as u8)
     }
-
-    /// The status of a record in `state` at `now` (milliseconds since the epoch); `orphan`
-    /// says its holder is gone.
-    pub(crate) fn of(state: &MovedState, orphan: bool, now: u64) -> RecordStatus {
-        match state {
-            MovedState::InProgress { .. } if orphan => RecordStatus::Orphan,
-            MovedState::InProgress { lease_until } if *lease_until <= now => RecordStatus::Stale,
-            MovedState::InProgress { .. } => RecordStatus::InProgress,
-            MovedState::Completed { expires_at, .. } if *expires_at <= now => RecordStatus::Expired,
-            MovedState::Completed { .. } => RecordStatus::Completed,
-        }
-    }
 }
 
 impl std::fmt::Display for RecordStatus {
@@ -222,7 +210,6 @@ pub(crate) enum MovedState {
 impl Moved {
     /// The record as a scan lists it, with `orphan` (which only the engine knows) at `now`.
     pub(crate) fn listed(self, orphan: bool, now: u64) -> ListedRecord {
-        let status = RecordStatus::of(&self.state, orphan, now);
         let state = match self.state {
             MovedState::InProgress { lease_until } => EntryState::InProgress {
                 lease_deadline: from_millis(lease_until),
@@ -237,16 +224,17 @@ impl Moved {
                 response,
             },
         };
+        let entry = Entry {
+            fence: self.fence,
+            fingerprint: self.fingerprint,
+            claimed_at: from_millis(self.claimed_at),
+            state,
+        };
         ListedRecord {
             scope: self.scope,
             key: self.key,
-            status,
-            entry: Entry {
-                fence: self.fence,
-                fingerprint: self.fingerprint,
-                claimed_at: from_millis(self.claimed_at),
-                state,
-            },
+            status: entry.status_at(from_millis(now)),
+            entry,
         }
     }
 }

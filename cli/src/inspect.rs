@@ -306,7 +306,7 @@ pub(crate) fn get(target: &Target, args: &GetArgs, out: &Out) -> Outcome {
         ));
     };
     let now = SystemTime::now();
-    let status = status_of(&entry, now);
+    let status = entry.status_at(now);
     if out.json {
         out.json(&record_json(&scope, &args.key, status, &entry, true));
         return Ok(());
@@ -353,19 +353,6 @@ pub(crate) fn get(target: &Target, args: &GetArgs, out: &Out) -> Outcome {
         }
     }
     Ok(())
-}
-
-/// Where a record `get` returned stands at `now`.
-fn status_of(entry: &Entry, now: SystemTime) -> RecordStatus {
-    match &entry.state {
-        EntryState::InProgress { orphan: true, .. } => RecordStatus::Orphan,
-        EntryState::InProgress { lease_deadline, .. } if *lease_deadline <= now => {
-            RecordStatus::Stale
-        }
-        EntryState::InProgress { .. } => RecordStatus::InProgress,
-        EntryState::Completed { expires_at, .. } if *expires_at <= now => RecordStatus::Expired,
-        EntryState::Completed { .. } => RecordStatus::Completed,
-    }
 }
 
 /// A record as JSON; with `body`, its response's headers and body in full.

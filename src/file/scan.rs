@@ -14,7 +14,7 @@ use std::ops::ControlFlow;
 /// Records read from the file per read transaction.
 const CHUNK: usize = 1024;
 
-/// A slot's status at `now`, as [`RecordStatus::of`] gives it for the record.
+/// A slot's status at `now`, as [`crate::Entry::status_at`] gives it for the record.
 fn status_of(slot: &Slot, now: u64) -> RecordStatus {
     match slot.state() {
         SlotState::InProgress { orphan: true, .. } => RecordStatus::Orphan,
