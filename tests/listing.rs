@@ -281,3 +281,37 @@ fn an_open_file_store_refuses_an_import() {
     let err = store.import(&b""[..]).unwrap_err();
     assert!(matches!(err, Error::InvalidImport { .. }), "{err}");
 }
+
+#[test]
+fn records_deleted_while_a_scan_runs_are_left_out_and_the_scan_goes_on() {
+    // A scan reads the records a thousand at a time (1024), each chunk in its own snapshot:
+    // what a purge deletes after the first chunk was read is left out, without an error, and
+    // the records after it are still handed over.
+    let (store, clock) = store();
+    let scope = Scope::new("acme", "POST /pay");
+    let complete = |range: std::ops::Range<u32>| {
+        for i in range {
+            let t = acquire(&store, &scope, &format!("k{i}"));
+            store.complete(t, Response::new(200, "ok")).unwrap();
+        }
+    };
+    complete(0..2000);
+    clock.advance(Duration::from_secs(10));
+    complete(2000..3000);
+    let mut purged = None;
+    let handed = store
+        .scan(&Query::all().status(RecordStatus::Completed), |_| {
+            if purged.is_none() {
+                clock.advance(TTL - Duration::from_secs(5)); // the first 2000 expire
+                purged = Some(store.purge_expired().unwrap());
+            }
+            ControlFlow::Continue(())
+        })
+        .unwrap();
+    assert_eq!(purged, Some(2000));
+    assert_eq!(
+        handed,
+        1024 + 1000,
+        "the first chunk, read before the purge, then the last 1000"
+    );
+}
