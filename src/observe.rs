@@ -195,6 +195,19 @@ impl Observer {
         self.meters.census(in_progress, completed);
     }
 
+    /// An open found the heads table unusable (`reason`) and rebuilt it from the records: a
+    /// slower open, nothing lost (the records are the authority).
+    #[allow(unused_variables)]
+    pub(crate) fn heads_rebuilt(&self, reason: &str) {
+        #[cfg(feature = "tracing")]
+        tracing::warn!(
+            target: "idemdb",
+            store = self.name(),
+            reason,
+            "the heads table was rebuilt from the records: {reason}"
+        );
+    }
+
     /// A store file opened: `replayed` ops came back from the journal, and the index holds
     /// `in_progress` claims (every one an orphan: its holder was a previous process) and
     /// `completed` records.

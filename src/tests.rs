@@ -468,3 +468,193 @@ fn two_records_for_one_key_refuse_the_open() {
         other => panic!("expected Corrupted, got {other:?}"),
     }
 }
+
+/// A store of known contents for the heads tests: `n` completed keys, `n` claims in progress
+/// (orphans after the reopen), closed cleanly so that everything is in the store file.
+fn store_with_heads(disk: &SimDisk, n: usize) {
+    let store = open(disk);
+    for i in 0..n {
+        let ticket = acquire(&store, &format!("done{i}"));
+        store
+            .complete(ticket, Response::new(201, format!("paid {i}")))
+            .unwrap();
+        std::mem::forget(acquire(&store, &format!("held{i}")));
+    }
+    drop(store);
+}
+
+/// Every key of [`store_with_heads`] answers as it was left: replays byte for byte, held
+/// claims in progress, and a key never claimed is free.
+fn check_heads_store(store: &Store, n: usize) {
+    for i in 0..n {
+        match store.claim(&scope(), &format!("done{i}"), fp()).unwrap() {
+            Claim::Replay(r) => assert_eq!(r.body(), format!("paid {i}").as_bytes()),
+            other => panic!("done{i}: {other:?}"),
+        }
+        assert!(
+            matches!(
+                store.claim(&scope(), &format!("held{i}"), fp()).unwrap(),
+                Claim::InProgress { .. }
+            ),
+            "held{i}"
+        );
+    }
+    static NEW_KEYS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let new = NEW_KEYS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    match store.claim(&scope(), &format!("never{new}"), fp()) {
+        Ok(Claim::Acquired(_)) => {}
+        other => panic!("a key never claimed: {other:?}"),
+    }
+}
+
+/// Changes the store file on `disk` directly through redb, as damage or an older build would.
+fn edit_file(disk: &SimDisk, edit: impl FnOnce(&redb::WriteTransaction)) {
+    let db = redb::Builder::new()
+        .create_with_backend(disk.backend())
+        .unwrap();
+    let txn = db.begin_write().unwrap();
+    edit(&txn);
+    txn.commit().unwrap();
+}
+
+fn file_meta(disk: &SimDisk) -> crate::file::disk::Meta {
+    let db = redb::Builder::new()
+        .create_with_backend(disk.backend())
+        .unwrap();
+    crate::file::disk::meta(&db).unwrap()
+}
+
+fn heads_in_file(disk: &SimDisk) -> (u64, u64) {
+    use crate::file::disk::RECORDS;
+    use crate::file::heads::HEADS;
+    use redb::{ReadableDatabase, ReadableTableMetadata};
+    let db = redb::Builder::new()
+        .create_with_backend(disk.backend())
+        .unwrap();
+    let txn = db.begin_read().unwrap();
+    let heads = txn.open_table(HEADS).unwrap().len().unwrap();
+    let records = txn.open_table(RECORDS).unwrap().len().unwrap();
+    (heads, records)
+}
+
+/// A file of store format 2 (no heads, no secret) opens, is upgraded in place to format 3 in
+/// one durable commit, and answers every key as before; the upgrade survives a power loss.
+#[test]
+fn a_format_2_file_is_upgraded_at_its_first_open_and_answers_as_before() {
+    use crate::file::disk::{FORMAT_KEY, META, SECRET_KEYS};
+    use crate::file::heads::HEADS;
+    let disk = SimDisk::new();
+    store_with_heads(&disk, 40);
+    edit_file(&disk, |txn| {
+        txn.delete_table(HEADS).unwrap();
+        let mut meta = txn.open_table(META).unwrap();
+        meta.insert(FORMAT_KEY, 2).unwrap();
+        for key in SECRET_KEYS {
+            meta.remove(key).unwrap();
+        }
+    });
+    assert_eq!(file_meta(&disk).format, 2);
+    let store = open(&disk);
+    check_heads_store(&store, 40);
+    drop(store);
+    assert_eq!(file_meta(&disk).format, 3);
+    assert_eq!(heads_in_file(&disk), (81, 81), "a head for every record");
+    disk.crash(CrashImage::Durable);
+    check_heads_store(&open(&disk), 40);
+}
+
+/// Heads are derived from the records: one that fails its checksum, one missing, or a table
+/// gone make the open rebuild them from the records, and every key answers as before. (Without
+/// the rebuild, a key whose head is wrong would be absent from the index, and its retry would
+/// run the side effect again.)
+#[test]
+fn damaged_or_missing_heads_are_rebuilt_from_the_records() {
+    use crate::file::heads::{HEADS, HEAD_BYTES};
+    use redb::ReadableTable;
+    type Edit = Box<dyn Fn(&redb::WriteTransaction)>;
+    let edits: Vec<(&str, Edit)> = vec![
+        (
+            "a flipped byte",
+            Box::new(|txn| {
+                let mut heads = txn.open_table(HEADS).unwrap();
+                let (fence, mut bytes) = {
+                    let (k, v) = heads.first().unwrap().unwrap();
+                    (k.value(), v.value())
+                };
+                bytes[3] ^= 1;
+                heads.insert(fence, bytes).unwrap();
+            }),
+        ),
+        (
+            "a head missing",
+            Box::new(|txn| {
+                let mut heads = txn.open_table(HEADS).unwrap();
+                let fence = heads.last().unwrap().unwrap().0.value();
+                heads.remove(fence).unwrap();
+            }),
+        ),
+        (
+            "the table gone",
+            Box::new(|txn| {
+                txn.delete_table(HEADS).unwrap();
+            }),
+        ),
+        (
+            "a head moved to another fence",
+            Box::new(|txn| {
+                let mut heads = txn.open_table(HEADS).unwrap();
+                let (fence, bytes): (u64, [u8; HEAD_BYTES]) = {
+                    let (k, v) = heads.first().unwrap().unwrap();
+                    (k.value(), v.value())
+                };
+                heads.remove(fence).unwrap();
+                heads.insert(fence + 100_000, bytes).unwrap();
+            }),
+        ),
+    ];
+    for (what, edit) in edits {
+        let disk = SimDisk::new();
+        store_with_heads(&disk, 30);
+        edit_file(&disk, |txn| edit(txn));
+        let store = open(&disk);
+        check_heads_store(&store, 30);
+        drop(store);
+        assert_eq!(heads_in_file(&disk), (61, 61), "{what}");
+    }
+}
+
+/// The open reads heads, not records: with every record's bytes damaged past its checksum, the
+/// open still succeeds, and each damaged record is a typed error when a request needs it.
+#[test]
+fn an_open_reads_no_record_and_a_damaged_one_is_an_error_when_read() {
+    use crate::file::disk::RECORDS;
+    let disk = SimDisk::new();
+    store_with_heads(&disk, 5);
+    edit_file(&disk, |txn| {
+        let mut records = txn.open_table(RECORDS).unwrap();
+        let all: Vec<(u64, Vec<u8>)> = redb::ReadableTable::iter(&records)
+            .unwrap()
+            .map(|e| {
+                let (k, v) = e.unwrap();
+                (k.value(), v.value().to_vec())
+            })
+            .collect();
+        for (fence, mut value) in all {
+            let last = value.len() - 1;
+            value[last] ^= 0xff; // the record's CRC
+            records.insert(fence, value.as_slice()).unwrap();
+        }
+    });
+    let store = open(&disk);
+    match store.claim(&scope(), "done0", fp()) {
+        Err(Error::Corrupted {
+            damaged: Damaged::Record { .. },
+            ..
+        }) => {}
+        other => panic!("expected Corrupted naming a record, got {other:?}"),
+    }
+    assert!(matches!(
+        store.claim(&scope(), "held0", fp()).unwrap(),
+        Claim::InProgress { .. }
+    ));
+}

@@ -19,7 +19,7 @@
 //!   one has let go of its files ([`Pipeline::release_files`]).
 
 use crate::error::{Error, Result};
-use crate::file::disk::{write_batch, Commit, Op};
+use crate::file::disk::{write_batch, Commit, FileState, Op};
 use crate::file::journal::{Appended, Journal};
 use crate::observe::{Lap, Observer};
 use crate::sync::{Arc, AtomicBool, AtomicU64, Condvar, Mutex, MutexGuard, Ordering, RwLock};
@@ -127,7 +127,7 @@ fn halted(cause: &str) -> Error {
 impl Pipeline {
     pub(crate) fn new(
         db: Database,
-        reserved: u64,
+        file: FileState,
         record_bytes: u64,
         journal: Option<Journal>,
         on_halt: Box<dyn Fn() + Send + Sync>,
@@ -146,7 +146,7 @@ impl Pipeline {
                 committing_upto: 0,
                 halted: None,
                 writer: Some(Writer {
-                    reserved,
+                    file,
                     journal,
                     checkpoints: Arc::clone(&checkpoints),
                     observer: observer.clone(),
@@ -456,7 +456,7 @@ fn parity(batch: u64) -> usize {
 /// What the commit leader owns: the fence reservation in the file and the journal (none for a
 /// store in memory).
 struct Writer {
-    reserved: u64,
+    file: FileState,
     journal: Option<Journal>,
     checkpoints: Arc<AtomicU64>,
     observer: Observer,
@@ -478,17 +478,17 @@ impl Writer {
 
     fn make_durable(&mut self, db: &Database, ops: &[Op]) -> Result<i64> {
         let Some(journal) = &mut self.journal else {
-            return write_batch(db, ops, &mut self.reserved, Commit::Durable);
+            return write_batch(db, ops, &mut self.file, Commit::Durable);
         };
         let lap = Lap::start();
         match journal.append(ops)? {
             Appended::Durable => {
                 self.observer.synced(&lap);
-                write_batch(db, ops, &mut self.reserved, Commit::Journaled)
+                write_batch(db, ops, &mut self.file, Commit::Journaled)
             }
             Appended::Full => {
                 let lap = Lap::start();
-                let bytes = journal.checkpoint(db, ops, &mut self.reserved)?;
+                let bytes = journal.checkpoint(db, ops, &mut self.file)?;
                 self.checkpoints.fetch_add(1, Ordering::Relaxed);
                 self.observer.checkpointed(ops.len(), &lap);
                 Ok(bytes)
@@ -502,7 +502,7 @@ impl Writer {
     fn close(&mut self, db: &Database) -> Result<()> {
         match &mut self.journal {
             Some(journal) if journal.has_entries() => {
-                journal.checkpoint(db, &[], &mut self.reserved).map(drop)
+                journal.checkpoint(db, &[], &mut self.file).map(drop)
             }
             _ => Ok(()),
         }

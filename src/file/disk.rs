@@ -1,11 +1,13 @@
-//! The redb file: three tables, the batch writer, and the open-time scan that rebuilds the
-//! index. Records are keyed by fence, which only grows, so a batch of new claims lands at the
-//! right edge of the B-tree and dirties a few leaf pages however many claims it holds.
-//! `docs/format.md` documents every byte.
+//! The redb file: four tables, the batch writer, and the open-time load that rebuilds the
+//! index from the heads. Records are keyed by fence, which only grows, so a batch of new claims
+//! lands at the right edge of the B-tree and dirties a few leaf pages however many claims it
+//! holds. `docs/format.md` documents every byte.
 
 use crate::error::{Damaged, Error, Result};
+use crate::file::hashing::{Hashing, SipKey};
+use crate::file::heads::{StoredHead, HEADS, HEAD_BYTES};
 use crate::file::index::{Index, KeyHash, Slot, SlotState};
-use crate::record::{Head, HeadState, Record};
+use crate::record::{Head, Record};
 use crate::scope::display_scoped_key;
 use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
 
@@ -19,10 +21,16 @@ pub(crate) const EXPIRY: TableDefinition<u128, &[u8]> = TableDefinition::new("ex
 /// finds one missing refuses the file: a default could silently skip a journal.
 pub(crate) const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 
-/// The store format this build writes; a file with another is refused. Format 2 added the
-/// store id and the journal's made size, and the journal's header and entry layout.
-pub(crate) const STORE_FORMAT: u64 = 2;
+/// The store format this build writes. Format 2 added the store id and the journal's made size,
+/// and the journal's header and entry layout; format 3 the `heads` table and the hash secret. A
+/// file of format 2 is upgraded at its first open ([`rebuild_heads`]); any other is refused.
+pub(crate) const STORE_FORMAT: u64 = 3;
+/// The oldest format an open upgrades.
+const UPGRADABLE_FORMAT: u64 = 2;
 pub(crate) const FORMAT_KEY: &str = "format_version";
+/// The two halves of the store's hash secret (`hashing.rs`), from which every hash the `heads`
+/// table holds is keyed.
+pub(crate) const SECRET_KEYS: [&str; 2] = ["hash_secret_k0", "hash_secret_k1"];
 /// The store's random id, which its journal carries.
 pub(crate) const STORE_ID_KEY: &str = "store_id";
 /// The fence reservation: no committed record carries a fence above it, and fences issued
@@ -111,19 +119,30 @@ pub(crate) enum Commit {
     Journaled,
 }
 
+/// What the batch writer keeps of the file between batches.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct FileState {
+    /// The fence reservation in the file.
+    pub(crate) reserved: u64,
+    /// The keys of the hashes each record's head holds.
+    pub(crate) hashing: Hashing,
+}
+
 /// Writes one batch in one write transaction and commits it as `commit` says, and returns by
 /// how much it changed the bytes of the records table's values (see [`Loaded::record_bytes`]).
+/// Every record written or deleted has its head written or deleted in the same transaction.
 ///
-/// `reserved` is the fence reservation in the file. A batch that writes a fence above it raises
-/// it by [`FENCE_BLOCK`] in the same transaction, so every fence in a committed record is at or
-/// below the committed reservation, and a reopen resumes above it. It is updated only once the
-/// commit succeeded.
+/// `file.reserved` is the fence reservation in the file. A batch that writes a fence above it
+/// raises it by [`FENCE_BLOCK`] in the same transaction, so every fence in a committed record is
+/// at or below the committed reservation, and a reopen resumes above it. It is updated only
+/// once the commit succeeded.
 pub(crate) fn write_batch(
     db: &Database,
     ops: &[Op],
-    reserved: &mut u64,
+    file: &mut FileState,
     commit: Commit,
 ) -> Result<i64> {
+    let reserved = &mut file.reserved;
     let mut txn = db.begin_write()?;
     let mut bytes = 0i64;
     if commit == Commit::Journaled {
@@ -132,6 +151,7 @@ pub(crate) fn write_batch(
     let mut high_fence = 0;
     {
         let mut records = txn.open_table(RECORDS)?;
+        let mut heads = txn.open_table(HEADS)?;
         let mut expiry = None;
         for op in ops {
             match op {
@@ -143,8 +163,9 @@ pub(crate) fn write_batch(
                     replaces,
                 } => {
                     if let Some(gone) = replaces {
-                        bytes -= delete(&txn, &mut records, &mut expiry, gone)?;
+                        bytes -= delete(&txn, &mut records, &mut heads, &mut expiry, gone)?;
                     }
+                    heads.insert(*fence, head_of(&file.hashing, *fence, value)?)?;
                     if let Some(old) = records.insert(*fence, value.as_slice())? {
                         bytes -= len_i64(old.value().len());
                     }
@@ -154,7 +175,9 @@ pub(crate) fn write_batch(
                     }
                     high_fence = high_fence.max(*fence);
                 }
-                Op::Delete(gone) => bytes -= delete(&txn, &mut records, &mut expiry, gone)?,
+                Op::Delete(gone) => {
+                    bytes -= delete(&txn, &mut records, &mut heads, &mut expiry, gone)?;
+                }
             }
         }
     }
@@ -184,6 +207,12 @@ pub(crate) fn write_batch(
     Ok(bytes)
 }
 
+/// The head of the record `value` stored at `fence`, whose checksum and place it verifies.
+pub(crate) fn head_of(hashing: &Hashing, fence: u64, value: &[u8]) -> Result<[u8; HEAD_BYTES]> {
+    let (key, head) = decode_head_at(fence, value)?;
+    Ok(StoredHead::of(hashing, key, &head, value.len()).encode(fence))
+}
+
 fn len_i64(len: usize) -> i64 {
     i64::try_from(len).unwrap_or(i64::MAX)
 }
@@ -191,12 +220,14 @@ fn len_i64(len: usize) -> i64 {
 fn delete<'t>(
     txn: &'t redb::WriteTransaction,
     records: &mut redb::Table<'t, u64, &'static [u8]>,
+    heads: &mut redb::Table<'t, u64, [u8; HEAD_BYTES]>,
     expiry: &mut Option<redb::Table<'t, u128, &'static [u8]>>,
     gone: &Gone,
 ) -> Result<i64> {
     let removed = records
         .remove(gone.fence)?
         .map_or(0, |old| len_i64(old.value().len()));
+    heads.remove(gone.fence)?;
     if let Some(t) = gone.expiry {
         lazy(txn, expiry, EXPIRY)?.remove(expiry_key(t, gone.fence))?;
     }
@@ -222,20 +253,26 @@ pub(crate) struct Loaded {
     /// The bytes of every record's value (its encoded key, fingerprint, times and response):
     /// what `max_store_bytes` limits.
     pub(crate) record_bytes: u64,
-    /// The fence reservation on disk.
-    pub(crate) reserved: u64,
+    /// The fence reservation on disk, and the hashing the heads were read with.
+    pub(crate) file: FileState,
 }
 
-/// How a scan ended.
+/// How a load ended.
 pub(crate) enum Scan {
     Loaded(Loaded),
-    /// Two records' keys share an index hash: scan again into an index with fresh hash keys.
+    /// Two records' keys share an index hash: rebuild the heads under a new secret.
     Collision,
+    /// The heads table is missing, damaged, or does not match the records: rebuild it.
+    HeadsDamaged(String),
 }
 
 /// What the store file's `meta` table holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Meta {
+    /// [`STORE_FORMAT`], or an older format the open upgrades.
+    pub(crate) format: u64,
+    /// The hash secret; `None` in a file of format 2, which has no heads yet.
+    pub(crate) secret: Option<SipKey>,
     pub(crate) store_id: u64,
     pub(crate) fence_reserved: u64,
     pub(crate) journal_epoch: u64,
@@ -259,16 +296,23 @@ pub(crate) fn meta(db: &Database) -> Result<Meta> {
             .map(|v| v.value())
             .ok_or_else(|| missing(key))
     };
-    match get(FORMAT_KEY)? {
-        STORE_FORMAT => {}
+    let format = get(FORMAT_KEY)?;
+    let secret = match format {
+        STORE_FORMAT => Some(SipKey {
+            k0: get(SECRET_KEYS[0])?,
+            k1: get(SECRET_KEYS[1])?,
+        }),
+        UPGRADABLE_FORMAT => None,
         found => {
             return Err(Error::UnsupportedFormat {
                 found,
                 supported: STORE_FORMAT,
             })
         }
-    }
+    };
     let meta = Meta {
+        format,
+        secret,
         store_id: get(STORE_ID_KEY)?,
         fence_reserved: get(FENCE_KEY)?,
         journal_epoch: get(JOURNAL_EPOCH_KEY)?,
@@ -309,28 +353,25 @@ pub(crate) fn create(db: &Database) -> Result<()> {
             });
         }
         meta.insert(FORMAT_KEY, STORE_FORMAT)?;
+        let secret = SipKey::random();
+        meta.insert(SECRET_KEYS[0], secret.k0)?;
+        meta.insert(SECRET_KEYS[1], secret.k1)?;
         meta.insert(STORE_ID_KEY, random_store_id())?;
         meta.insert(FENCE_KEY, 0)?;
         meta.insert(JOURNAL_EPOCH_KEY, 0)?;
         meta.insert(JOURNAL_BYTES_KEY, 0)?;
         meta.insert(JOURNAL_HEADER_KEY, 0)?;
         txn.open_table(RECORDS)?;
+        txn.open_table(HEADS)?;
         txn.open_table(EXPIRY)?;
     }
     txn.commit()?;
     Ok(())
 }
 
-/// A random 64-bit id, never 0: std's randomly keyed hasher over the time and the process id.
+/// A random 64-bit id, never 0.
 fn random_store_id() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    h.write_u128(now);
-    h.write_u32(std::process::id());
-    h.finish().max(1)
+    SipKey::random().k0.max(1)
 }
 
 fn corrupted(fence: u64, key: &[u8], reason: impl ToString) -> Error {
@@ -391,24 +432,37 @@ fn check_place(fence: u64, key: &[u8], record_fence: u64) -> Result<()> {
     Ok(())
 }
 
-/// Reads every record into `index` (which must be empty), verifying each checksum. Every
-/// in-progress record becomes an orphan: its holder was a previous process. `reserved` is the
-/// fence reservation `meta` holds; `file_bytes` the store file's size (0 in memory, where no
-/// count is trusted beyond what the scan finds).
+/// Reads every record's head into `index` (which must be empty), verifying each head's
+/// checksum, the order of the fences and that there is one head per record. Every in-progress
+/// record becomes an orphan: its holder was a previous process. `reserved` is the fence
+/// reservation `meta` holds; `file_bytes` the store file's size (0 in memory, where no count is
+/// trusted beyond what the scan finds). No record is read, except the two records of a hash
+/// collision.
 ///
 /// # Errors
-/// [`Error::Corrupted`] naming the first record that fails, because dropping it could repeat a
-/// payment, or naming a key that two records hold.
+/// [`Error::Corrupted`] naming a key that two records hold, or pages out of order.
 pub(crate) fn load(db: &Database, index: &Index, reserved: u64, file_bytes: u64) -> Result<Scan> {
     let txn = db.begin_read()?;
     let records = txn.open_table(RECORDS)?;
-    let count = records.len()?;
+    let heads = match txn.open_table(HEADS) {
+        Err(redb::TableError::TableDoesNotExist(_)) => {
+            return Ok(Scan::HeadsDamaged("the heads table is missing".into()))
+        }
+        other => other?,
+    };
+    let count = heads.len()?;
+    let record_count = records.len()?;
+    if count != record_count {
+        return Ok(Scan::HeadsDamaged(format!(
+            "{count} heads for {record_count} records"
+        )));
+    }
     // The count is read from the file: room is reserved for no more records than its size
     // could hold, so a damaged count cannot make the open allocate without bound.
     let plausible = count.min(file_bytes / MIN_RECORD_FILE_BYTES);
     index.reserve(usize::try_from(plausible).unwrap_or(0));
-    let first = records.first()?.map_or(0, |(k, _)| k.value());
-    let last = records.last()?.map_or(0, |(k, _)| k.value());
+    let first = heads.first()?.map_or(0, |(k, _)| k.value());
+    let last = heads.last()?.map_or(0, |(k, _)| k.value());
     let parts = if count < PARALLEL_SCAN_MIN {
         1
     } else {
@@ -421,11 +475,12 @@ pub(crate) fn load(db: &Database, index: &Index, reserved: u64, file_bytes: u64)
             first + u64::try_from(offset).expect("an offset within the fence range")
         })
         .collect();
-    let scanned: Vec<Result<Option<(u64, u64, u64)>>> = std::thread::scope(|s| {
+    let scanned: Vec<Result<Part>> = std::thread::scope(|s| {
         let workers: Vec<_> = (0..parts)
             .map(|i| {
-                let (records, start, end) = (&records, bounds[i], bounds.get(i + 1).copied());
-                s.spawn(move || scan(records, index, start, end))
+                let (heads, records) = (&heads, &records);
+                let (start, end) = (bounds[i], bounds.get(i + 1).copied());
+                s.spawn(move || scan(heads, records, index, start, end))
             })
             .collect();
         workers
@@ -441,19 +496,20 @@ pub(crate) fn load(db: &Database, index: &Index, reserved: u64, file_bytes: u64)
     let mut record_bytes = 0;
     for part in scanned {
         match part? {
-            Some((high, n, bytes)) => {
+            Part::Scanned { high, heads, bytes } => {
                 high_fence = high_fence.max(high);
-                found += n;
+                found += heads;
                 record_bytes += bytes;
             }
-            None => return Ok(Scan::Collision),
+            Part::Collision => return Ok(Scan::Collision),
+            Part::Damaged(reason) => return Ok(Scan::HeadsDamaged(reason)),
         }
     }
     if found != count {
         return Err(Error::Corrupted {
             damaged: Damaged::Pages,
             reason: format!(
-                "the records table says it holds {count} records, but {found} were found: pages \
+                "the heads table says it holds {count} heads, but {found} were found: pages \
                  of its tree were lost or written over"
             ),
         });
@@ -470,7 +526,10 @@ pub(crate) fn load(db: &Database, index: &Index, reserved: u64, file_bytes: u64)
     Ok(Scan::Loaded(Loaded {
         high_fence,
         record_bytes,
-        reserved,
+        file: FileState {
+            reserved,
+            hashing: *index.hashing(),
+        },
     }))
 }
 
@@ -480,74 +539,97 @@ const PARALLEL_SCAN_MIN: u64 = if cfg!(test) { 4 } else { 1 << 16 };
 /// The open scans with at most this many threads (one per core).
 const MAX_SCAN_THREADS: usize = 4;
 
-/// Loads the records with fences in `start..end` (`start..` for `None`) into `index`. Returns
-/// the highest fence seen (stopping early at one beyond [`MAX_FENCE`]), or `None` if two keys
-/// share a hash.
+/// How one part of the heads scan ended.
+enum Part {
+    /// The highest fence seen (stopping early at one beyond [`MAX_FENCE`]), how many heads, and
+    /// the bytes of their records.
+    Scanned {
+        high: u64,
+        heads: u64,
+        bytes: u64,
+    },
+    Collision,
+    /// A head failed its checksum: rebuild the table from the records.
+    Damaged(String),
+}
+
+/// Loads the heads with fences in `start..end` (`start..` for `None`) into `index`.
 fn scan(
+    heads: &redb::ReadOnlyTable<u64, [u8; HEAD_BYTES]>,
     records: &redb::ReadOnlyTable<u64, &'static [u8]>,
     index: &Index,
     start: u64,
     end: Option<u64>,
-) -> Result<Option<(u64, u64, u64)>> {
+) -> Result<Part> {
     let range = match end {
-        Some(end) => records.range(start..end)?,
-        None => records.range(start..)?,
+        Some(end) => heads.range(start..end)?,
+        None => heads.range(start..)?,
     };
-    let mut high_fence = 0;
+    let mut high = 0;
     let mut scanned = 0;
     let mut bytes = 0;
     let mut previous: Option<u64> = None;
     // Slots are gathered per stripe and inserted a stripe at a time, so the stripe's table is
-    // in the CPU cache while it fills: inserting each record as it is read would touch a random
-    // place of the whole index (hundreds of MB at ten million keys) per record.
+    // in the CPU cache while it fills: inserting each head as it is read would touch a random
+    // place of the whole index (hundreds of MB at ten million keys) per head.
     let mut pending: Vec<Vec<(KeyHash, Slot)>> = vec![Vec::new(); index.stripe_count()];
     let mut gathered = 0;
     for entry in range {
         let (fence, value) = entry?;
-        let fence_value = fence.value();
+        let fence = fence.value();
         // A tree whose pages were written over one another (trusted, with PageCheck::Trust)
         // returns fences out of order or out of the range asked for.
-        let in_range = fence_value >= start && end.is_none_or(|end| fence_value < end);
-        if previous.is_some_and(|p| fence_value <= p) || !in_range {
-            return Err(Error::Corrupted {
-                damaged: Damaged::Pages,
-                reason: format!(
-                    "the records tree returns fence {fence_value} after {previous:?}, scanning \
-                     from {start}: its pages are out of order (a page written over another?)"
-                ),
-            });
+        let in_range = fence >= start && end.is_none_or(|end| fence < end);
+        if previous.is_some_and(|p| fence <= p) || !in_range {
+            return Err(out_of_order("heads", fence, previous, start));
         }
-        previous = Some(fence_value);
+        previous = Some(fence);
+        let Some(head) = StoredHead::decode(fence, &value.value()) else {
+            return Ok(Part::Damaged(format!(
+                "the head at fence {fence} fails its checksum"
+            )));
+        };
         scanned += 1;
-        bytes += value.value().len() as u64;
-        let (key, head) = decode_head_at(fence_value, value.value())?;
-        high_fence = high_fence.max(head.fence);
-        if high_fence > MAX_FENCE {
+        bytes += u64::from(head.value_len);
+        high = fence;
+        if high > MAX_FENCE {
             break;
         }
-        if let Some(tenants) = &index.tenants {
-            tenants.loaded(key);
-        }
-        let hash = index.hash(key);
-        pending[index.stripe_of(&hash)].push((hash, slot_of_head(&head, index)));
+        head.count_tenant(index);
+        pending[index.stripe_of(&head.key)].push((head.key, head.slot(fence)));
         gathered += 1;
         if gathered == SCAN_CHUNK {
             gathered = 0;
             if !insert_pending(records, index, &mut pending)? {
-                return Ok(None);
+                return Ok(Part::Collision);
             }
         }
     }
     if !insert_pending(records, index, &mut pending)? {
-        return Ok(None);
+        return Ok(Part::Collision);
     }
-    Ok(Some((high_fence, scanned, bytes)))
+    Ok(Part::Scanned {
+        high,
+        heads: scanned,
+        bytes,
+    })
 }
 
-/// Records gathered before their slots go into the index.
+fn out_of_order(table: &str, fence: u64, previous: Option<u64>, start: u64) -> Error {
+    Error::Corrupted {
+        damaged: Damaged::Pages,
+        reason: format!(
+            "the {table} tree returns fence {fence} after {previous:?}, scanning from {start}: \
+             its pages are out of order (a page written over another?)"
+        ),
+    }
+}
+
+/// Heads gathered before their slots go into the index.
 const SCAN_CHUNK: usize = 1 << 18;
 
-/// Inserts the gathered slots, stripe by stripe. `Ok(false)` if two keys share a hash.
+/// Inserts the gathered slots, stripe by stripe. `Ok(false)` if two keys share a hash; two
+/// records of one key are damage.
 fn insert_pending(
     records: &redb::ReadOnlyTable<u64, &'static [u8]>,
     index: &Index,
@@ -583,22 +665,43 @@ fn insert_pending(
     Ok(true)
 }
 
-/// The index slot of a record found by the open: an in-progress claim is an orphan.
-fn slot_of_head(head: &Head, index: &Index) -> Slot {
-    let state = match head.state {
-        HeadState::InProgress { lease_until } => SlotState::InProgress {
-            lease_until,
-            orphan: true,
-        },
-        HeadState::Completed { expires_at, .. } => SlotState::Completed {
-            expires_at,
-            durable: true,
-        },
-    };
-    let tag = index.tag(&crate::fingerprint::Fingerprint::from_bytes(
-        head.fingerprint,
-    ));
-    Slot::new(head.fence, tag, state)
+/// Writes the `heads` table afresh from the records, under `secret`, and makes the file
+/// [`STORE_FORMAT`], in one durable commit: the upgrade of a format-2 file, the repair of a
+/// damaged heads table, and the re-keying after a hash collision. Every record is read and its
+/// checksum verified, as every open did before heads existed.
+///
+/// # Errors
+/// [`Error::Corrupted`] naming the first record that fails, or pages out of order; nothing is
+/// changed then.
+pub(crate) fn rebuild_heads(db: &Database, secret: SipKey) -> Result<u64> {
+    let hashing = Hashing::new(secret);
+    let txn = db.begin_write()?;
+    let mut rebuilt = 0;
+    match txn.delete_table(HEADS) {
+        Ok(_) | Err(redb::TableError::TableDoesNotExist(_)) => {}
+        Err(e) => return Err(e.into()),
+    }
+    {
+        let records = txn.open_table(RECORDS)?;
+        let mut heads = txn.open_table(HEADS)?;
+        let mut previous = None;
+        for entry in records.iter()? {
+            let (fence, value) = entry?;
+            let (fence, value) = (fence.value(), value.value());
+            if previous.is_some_and(|p| fence <= p) {
+                return Err(out_of_order("records", fence, previous, 0));
+            }
+            previous = Some(fence);
+            heads.insert(fence, head_of(&hashing, fence, value)?)?;
+            rebuilt += 1;
+        }
+        let mut meta = txn.open_table(META)?;
+        meta.insert(SECRET_KEYS[0], secret.k0)?;
+        meta.insert(SECRET_KEYS[1], secret.k1)?;
+        meta.insert(FORMAT_KEY, STORE_FORMAT)?;
+    }
+    txn.commit()?;
+    Ok(rebuilt)
 }
 
 /// A record with the scoped key it carries.

@@ -4,6 +4,8 @@
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::file::disk::{self, expiry_key, EXPIRY, FENCE_KEY, MAX_FENCE, META, RECORDS};
+use crate::file::hashing::Hashing;
+use crate::file::heads::HEADS;
 use crate::file::open;
 use crate::file::store::FileStore;
 use crate::listing::{Moved, MovedState};
@@ -62,6 +64,10 @@ pub(crate) fn new_file(
 /// Writes every record of `input` in one durable commit; nothing is committed if any line is
 /// refused.
 fn write(db: &redb::Database, input: impl std::io::BufRead) -> Result<u64> {
+    let secret = disk::meta(db)?
+        .secret
+        .expect("a new store file has its secret");
+    let hashing = Hashing::new(secret);
     let txn = db.begin_write()?;
     let digest = KeyDigest::new();
     let mut keys = HashSet::new();
@@ -69,6 +75,7 @@ fn write(db: &redb::Database, input: impl std::io::BufRead) -> Result<u64> {
     {
         let mut table = txn.open_table(RECORDS)?;
         let mut expiry = txn.open_table(EXPIRY)?;
+        let mut heads = txn.open_table(HEADS)?;
         for (n, line) in input.lines().enumerate() {
             let line_no = u64::try_from(n + 1).unwrap_or(u64::MAX);
             let line = line.map_err(Error::Io)?;
@@ -93,6 +100,7 @@ fn write(db: &redb::Database, input: impl std::io::BufRead) -> Result<u64> {
                     format!("fence {} is in the input twice", m.fence),
                 ));
             }
+            heads.insert(m.fence, disk::head_of(&hashing, m.fence, &value)?)?;
             if let Some(t) = expires_at {
                 expiry.insert(expiry_key(t, m.fence), &*key)?;
             }

@@ -7,19 +7,19 @@
 //! bytes per key (`docs/performance.md`).
 //!
 //! # Why a hash may stand for the key
-//! Keys are hashed with two SipHash-1-3 instances under random per-store keys (std's
-//! `RandomState`), so a client cannot choose keys that collide, and two live keys collide by
-//! chance with probability about n²/2¹²⁹: 1.5·10⁻²⁵ at ten million keys. Even then no
+//! Keys are hashed with two SipHash-1-3 instances under keys derived from the store's random
+//! secret (`hashing.rs`), so a client cannot choose keys that collide, and two live keys collide
+//! by chance with probability about n²/2¹²⁹: 1.5·10⁻²⁵ at ten million keys. Even then no
 //! response crosses keys: a replay and a takeover read the record on disk and check its scoped
 //! key, and refuse with [`crate::Error::Corrupted`] if it is another key's. The open rebuilds
-//! the index with fresh hash keys if two records collide. The fingerprint's 64-bit tag is keyed
+//! the index under a new secret if two records collide. The fingerprint's 64-bit tag is keyed
 //! the same way; a replay and a takeover compare the full fingerprint from disk.
 
+use crate::file::hashing::Hashing;
 use crate::fingerprint::Fingerprint;
 use crate::sync::{CachePadded, Mutex, MutexGuard};
-use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
-use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher};
+use std::hash::{BuildHasherDefault, Hash, Hasher};
 
 /// A scoped key's identity in the index: two independent keyed 64-bit hashes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,6 +30,14 @@ pub(crate) struct KeyHash {
 }
 
 impl KeyHash {
+    pub(crate) fn from_parts(lo: u64, hi: u64) -> KeyHash {
+        KeyHash { lo, hi }
+    }
+
+    pub(crate) fn parts(&self) -> (u64, u64) {
+        (self.lo, self.hi)
+    }
+
     /// The hash of a key on an engine without an index (PostgreSQL): never looked up.
     #[cfg(feature = "postgres")]
     pub(crate) const UNHASHED: KeyHash = KeyHash { lo: 0, hi: 0 };
@@ -52,7 +60,7 @@ pub(crate) struct IndexKey {
 /// A keyed 64-bit digest of a request fingerprint: equal fingerprints have equal tags, and a
 /// client cannot make two different fingerprints share one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Tag(u64);
+pub(crate) struct Tag(pub(crate) u64);
 
 /// What the index knows of one record, in 24 bytes; the rest (scoped key, full fingerprint,
 /// claim time, response) is in the record at `fence` on disk.
@@ -162,30 +170,29 @@ pub(crate) struct Index {
     stripes: Box<[CachePadded<Mutex<Stripe>>]>,
     /// Live records per tenant, when the store limits them.
     pub(crate) tenants: Option<crate::file::tenants::TenantCounts>,
-    lo: RandomState,
-    hi: RandomState,
-    tags: RandomState,
+    hashing: Hashing,
     shift: u32,
 }
 
 impl Index {
-    pub(crate) fn new(stripes: usize, tenant_limit: Option<u64>) -> Index {
+    pub(crate) fn new(stripes: usize, tenant_limit: Option<u64>, hashing: Hashing) -> Index {
         assert!(stripes.is_power_of_two() && stripes <= 1 << 16);
         Index {
             stripes: (0..stripes).map(|_| CachePadded::default()).collect(),
-            tenants: tenant_limit.map(crate::file::tenants::TenantCounts::new),
-            lo: RandomState::new(),
-            hi: RandomState::new(),
-            tags: RandomState::new(),
+            tenants: tenant_limit
+                .map(|limit| crate::file::tenants::TenantCounts::new(limit, hashing)),
+            hashing,
             shift: 64 - stripes.trailing_zeros(),
         }
     }
 
+    pub(crate) fn hashing(&self) -> &Hashing {
+        &self.hashing
+    }
+
     pub(crate) fn hash(&self, bytes: &[u8]) -> KeyHash {
-        KeyHash {
-            lo: self.lo.hash_one(bytes),
-            hi: self.hi.hash_one(bytes),
-        }
+        let (lo, hi) = self.hashing.key(bytes);
+        KeyHash { lo, hi }
     }
 
     pub(crate) fn key(&self, bytes: Box<[u8]>) -> IndexKey {
@@ -196,7 +203,7 @@ impl Index {
     }
 
     pub(crate) fn tag(&self, fingerprint: &Fingerprint) -> Tag {
-        Tag(self.tags.hash_one(fingerprint.as_bytes()))
+        Tag(self.hashing.tag(fingerprint.as_bytes()))
     }
 
     /// The stripe holding `hash`. The stripe is picked from the hash bits just below the top
@@ -268,6 +275,10 @@ impl std::fmt::Debug for Index {
 mod tests {
     use super::*;
 
+    fn hashing() -> Hashing {
+        Hashing::new(crate::file::hashing::SipKey::random())
+    }
+
     fn in_progress() -> SlotState {
         SlotState::InProgress {
             lease_until: 7,
@@ -277,7 +288,7 @@ mod tests {
 
     #[test]
     fn keys_spread_over_stripes() {
-        let index = Index::new(16, None);
+        let index = Index::new(16, None, hashing());
         let tag = index.tag(&Fingerprint::of(b""));
         for i in 0..1600u32 {
             let key = index.key(i.to_le_bytes().to_vec().into_boxed_slice());
@@ -297,7 +308,7 @@ mod tests {
 
     #[test]
     fn one_stripe_works() {
-        let index = Index::new(1, None);
+        let index = Index::new(1, None, hashing());
         let key = index.key(Box::new([1, 2]));
         assert!(index.lock(&key.hash).get(&key.hash).is_none());
     }
@@ -310,7 +321,7 @@ mod tests {
 
     #[test]
     fn a_slot_round_trips_every_state_and_keeps_its_fence() {
-        let index = Index::new(1, None);
+        let index = Index::new(1, None, hashing());
         let tag = index.tag(&Fingerprint::of(b"x"));
         let fence = FENCE_BITS;
         for state in [
@@ -339,7 +350,7 @@ mod tests {
 
     #[test]
     fn tags_and_hashes_tell_inputs_apart() {
-        let index = Index::new(4, None);
+        let index = Index::new(4, None, hashing());
         assert_ne!(
             index.tag(&Fingerprint::of(b"a")),
             index.tag(&Fingerprint::of(b"b"))

@@ -6,6 +6,8 @@
 pub(crate) mod asynchronous;
 pub(crate) mod commit;
 pub(crate) mod disk;
+pub(crate) mod hashing;
+pub(crate) mod heads;
 pub(crate) mod heal;
 #[cfg(feature = "export")]
 pub(crate) mod import;

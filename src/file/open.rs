@@ -5,6 +5,7 @@
 use crate::config::{Config, PageCheck};
 use crate::error::{Damaged, Error, Result};
 use crate::file::disk;
+use crate::file::hashing::{Hashing, SipKey};
 use crate::file::index::Index;
 use crate::file::journal::{self, Journal};
 use crate::file::platform;
@@ -153,11 +154,24 @@ fn start(
     journal: Option<JournalSource>,
 ) -> Result<FileStore> {
     let meta = disk::meta(&db)?;
-    let mut reserved = meta.fence_reserved;
+    let secret = match meta.secret {
+        Some(secret) => secret,
+        None => {
+            // Format 2 had no heads: they are written from the records, once, before the
+            // journal's replay adds the heads of what it holds.
+            let secret = SipKey::random();
+            disk::rebuild_heads(&db, secret)?;
+            secret
+        }
+    };
+    let mut file = disk::FileState {
+        reserved: meta.fence_reserved,
+        hashing: Hashing::new(secret),
+    };
     let mut replayed = 0;
     let journal = match journal {
         Some(source) if source.capacity > 0 => {
-            let (journal, ops) = recover_journal(&db, source, &meta, &mut reserved)?;
+            let (journal, ops) = recover_journal(&db, source, &meta, &mut file)?;
             replayed = ops;
             Some(journal)
         }
@@ -167,7 +181,7 @@ fn start(
         }
         _ => None,
     };
-    let (index, loaded) = load_index(&config, &db, reserved, file_bytes)?;
+    let (index, loaded) = load_index(&config, &db, file, file_bytes)?;
     if crate::observe::ACTIVE {
         let (in_progress, completed) = index.census();
         config.observer.opened(replayed, in_progress, completed);
@@ -206,7 +220,7 @@ fn recover_journal(
     db: &redb::Database,
     source: JournalSource,
     meta: &disk::Meta,
-    reserved: &mut u64,
+    state: &mut disk::FileState,
 ) -> Result<(Journal, usize)> {
     let epoch = meta.journal_epoch;
     if (epoch > 0 || meta.journal_bytes > 0) && !source.existed {
@@ -221,34 +235,49 @@ fn recover_journal(
     };
     let (mut journal, ops) = Journal::recover(file, binding, source.capacity)?;
     // The records' bytes are counted by the scan that follows.
-    journal.checkpoint(db, &ops, reserved)?;
+    journal.checkpoint(db, &ops, state)?;
     Ok((journal, ops.len()))
 }
 
-/// Builds the index from the file. Two records whose keys share a 128-bit hash (about 10⁻²⁵ at
-/// ten million keys) make the scan start again with fresh random hash keys.
+/// Builds the index from the file's heads. A heads table that is damaged or does not match the
+/// records is rebuilt from the records, which are the authority; two records whose keys share a
+/// 128-bit hash (about 10⁻²⁵ at ten million keys) make it rebuilt under a fresh secret.
 fn load_index(
     config: &Config,
     db: &redb::Database,
-    reserved: u64,
+    mut file: disk::FileState,
     file_bytes: u64,
 ) -> Result<(Index, disk::Loaded)> {
-    let mut attempts = 0;
+    let mut rebuilds = 0;
     loop {
-        let index = Index::new(config.stripes, config.max_live_per_tenant);
-        match disk::load(db, &index, reserved, file_bytes)? {
+        let index = Index::new(config.stripes, config.max_live_per_tenant, file.hashing);
+        let secret = match disk::load(db, &index, file.reserved, file_bytes)? {
             disk::Scan::Loaded(loaded) => return Ok((index, loaded)),
-            disk::Scan::Collision if attempts < 3 => attempts += 1,
-            disk::Scan::Collision => {
+            _ if rebuilds == MAX_REBUILDS => {
                 return Err(Error::Corrupted {
                     damaged: Damaged::Index,
-                    reason: "two records' keys share an index hash under every hash key tried"
-                        .into(),
+                    reason: format!(
+                        "the heads table still fails after {MAX_REBUILDS} rebuilds from the \
+                         records (two keys sharing a hash under every secret tried, or heads \
+                         damaged as they are written)"
+                    ),
                 })
             }
-        }
+            disk::Scan::Collision => SipKey::random(),
+            disk::Scan::HeadsDamaged(reason) => {
+                config.observer.heads_rebuilt(&reason);
+                file.hashing.secret()
+            }
+        };
+        drop(index);
+        disk::rebuild_heads(db, secret)?;
+        file.hashing = Hashing::new(secret);
+        rebuilds += 1;
     }
 }
+
+/// How many times one open rebuilds the heads before it gives up.
+const MAX_REBUILDS: usize = 3;
 
 /// Runs an open, turning a panic into [`Error::Corrupted`]. redb 4.6 trusts its pages on a
 /// clean open and panics on some damaged ones (an unknown page type, an out-of-range slice, a

@@ -76,7 +76,7 @@ impl FileStore {
                 index,
                 pipeline: Arc::new(Pipeline::new(
                     db,
-                    loaded.reserved,
+                    loaded.file,
                     loaded.record_bytes,
                     journal,
                     on_halt,

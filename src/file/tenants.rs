@@ -9,41 +9,47 @@
 //! as the index is; a limit lowered below what a tenant already holds refuses its new keys
 //! until it is below the limit again.
 //!
-//! The counts are striped by tenant, each stripe a map from the tenant's bytes (std's keyed
-//! hash, so a client cannot choose tenants that collide). A claim takes its key's index stripe,
-//! then its tenant's stripe, briefly; nothing takes them the other way round.
+//! The counts are striped by tenant, each stripe a map from the tenant's keyed 64-bit hash
+//! (`hashing.rs`): the `heads` table keeps that hash, so an open counts without reading records,
+//! and a client without the store's secret cannot choose tenants that collide. A claim takes its
+//! key's index stripe, then its tenant's stripe, briefly; nothing takes them the other way round.
 
 use crate::error::{Error, Result};
+use crate::file::hashing::Hashing;
+use crate::file::index::PassThrough;
 use crate::scope::tenant_of;
 use crate::sync::{Mutex, MutexGuard};
 use std::collections::HashMap;
-use std::hash::{BuildHasher, RandomState};
+use std::hash::BuildHasherDefault;
 
 const STRIPES: usize = 16;
 
-/// One stripe: live records by tenant bytes.
-type Counts = HashMap<Box<[u8]>, u64>;
+/// One stripe: live records by tenant hash (already keyed, so passed through).
+type Counts = HashMap<u64, u64, BuildHasherDefault<PassThrough>>;
 
 #[derive(Debug)]
 pub(crate) struct TenantCounts {
     limit: u64,
     stripes: Box<[Mutex<Counts>]>,
-    picker: RandomState,
+    hashing: Hashing,
 }
 
 impl TenantCounts {
-    pub(crate) fn new(limit: u64) -> TenantCounts {
+    pub(crate) fn new(limit: u64, hashing: Hashing) -> TenantCounts {
         TenantCounts {
             limit,
             stripes: (0..STRIPES).map(|_| Mutex::default()).collect(),
-            picker: RandomState::new(),
+            hashing,
         }
     }
 
-    fn stripe(&self, tenant: &[u8]) -> MutexGuard<'_, Counts> {
-        let i = usize::try_from(self.picker.hash_one(tenant) % STRIPES as u64)
-            .expect("below the stripe count");
+    fn stripe(&self, tenant: u64) -> MutexGuard<'_, Counts> {
+        let i = usize::try_from((tenant >> 32) % STRIPES as u64).expect("below the stripe count");
         self.stripes[i].lock()
+    }
+
+    fn hash_of(&self, scoped: &[u8]) -> u64 {
+        self.hashing.tenant(tenant_of(scoped))
     }
 
     /// Counts a new record of the tenant of `scoped` (an encoded scoped key).
@@ -51,33 +57,32 @@ impl TenantCounts {
     /// # Errors
     /// [`Error::TenantFull`] if the tenant already holds the limit; nothing is counted.
     pub(crate) fn admit(&self, scoped: &[u8]) -> Result<()> {
-        let tenant = tenant_of(scoped);
+        let tenant = self.hash_of(scoped);
         let mut stripe = self.stripe(tenant);
-        let live = stripe.get(tenant).copied().unwrap_or(0);
+        let live = stripe.get(&tenant).copied().unwrap_or(0);
         if live >= self.limit {
             return Err(Error::TenantFull {
-                tenant: String::from_utf8_lossy(tenant).into_owned(),
+                tenant: String::from_utf8_lossy(tenant_of(scoped)).into_owned(),
                 limit: self.limit,
             });
         }
-        stripe.insert(tenant.into(), live + 1);
+        stripe.insert(tenant, live + 1);
         Ok(())
     }
 
-    /// Counts a record found in the file at open, whatever the limit.
-    pub(crate) fn loaded(&self, scoped: &[u8]) {
-        let tenant = tenant_of(scoped);
-        *self.stripe(tenant).entry(tenant.into()).or_insert(0) += 1;
+    /// Counts a record found in the file at open, whatever the limit, by its tenant's hash.
+    pub(crate) fn loaded(&self, tenant: u64) {
+        *self.stripe(tenant).entry(tenant).or_insert(0) += 1;
     }
 
     /// Uncounts a deleted record.
     pub(crate) fn removed(&self, scoped: &[u8]) {
-        let tenant = tenant_of(scoped);
+        let tenant = self.hash_of(scoped);
         let mut stripe = self.stripe(tenant);
-        if let Some(live) = stripe.get_mut(tenant) {
+        if let Some(live) = stripe.get_mut(&tenant) {
             *live = live.saturating_sub(1);
             if *live == 0 {
-                stripe.remove(tenant);
+                stripe.remove(&tenant);
             }
         }
     }
@@ -85,10 +90,8 @@ impl TenantCounts {
     /// The records `tenant` holds now.
     #[cfg(test)]
     pub(crate) fn live(&self, tenant: &str) -> u64 {
-        self.stripe(tenant.as_bytes())
-            .get(tenant.as_bytes())
-            .copied()
-            .unwrap_or(0)
+        let tenant = self.hashing.tenant(tenant.as_bytes());
+        self.stripe(tenant).get(&tenant).copied().unwrap_or(0)
     }
 }
 
@@ -97,13 +100,17 @@ mod tests {
     use super::*;
     use crate::scope::{scoped_key, Scope};
 
+    fn hashing() -> Hashing {
+        Hashing::new(crate::file::hashing::SipKey::random())
+    }
+
     fn key(tenant: &str, key: &str) -> Box<[u8]> {
         scoped_key(&Scope::new(tenant, "POST /pay"), key).unwrap()
     }
 
     #[test]
     fn a_tenant_at_its_limit_is_refused_and_others_are_not() {
-        let counts = TenantCounts::new(2);
+        let counts = TenantCounts::new(2, hashing());
         counts.admit(&key("a", "1")).unwrap();
         counts.admit(&key("a", "2")).unwrap();
         match counts.admit(&key("a", "3")) {
@@ -119,9 +126,10 @@ mod tests {
 
     #[test]
     fn loaded_records_count_past_the_limit_and_removals_never_go_below_zero() {
-        let counts = TenantCounts::new(1);
-        counts.loaded(&key("a", "1"));
-        counts.loaded(&key("a", "2"));
+        let hashing = hashing();
+        let counts = TenantCounts::new(1, hashing);
+        counts.loaded(hashing.tenant(b"a"));
+        counts.loaded(hashing.tenant(b"a"));
         assert!(counts.admit(&key("a", "3")).is_err());
         for k in ["1", "2", "2"] {
             counts.removed(&key("a", k));

@@ -41,7 +41,7 @@
 pub(crate) mod file;
 
 use crate::error::{Damaged, Error, Result};
-use crate::file::disk::{write_batch, Commit, Gone, Op};
+use crate::file::disk::{write_batch, Commit, FileState, Gone, Op};
 use redb::StorageBackend;
 
 const ENTRY_MAGIC: [u8; 4] = *b"IDJ2";
@@ -492,16 +492,16 @@ impl Journal {
         &mut self,
         db: &redb::Database,
         ops: &[Op],
-        reserved: &mut u64,
+        file: &mut FileState,
     ) -> Result<i64> {
         let epoch = self.epoch + 1;
         let commit = Commit::Checkpoint {
             epoch,
             journal_bytes: self.made,
         };
-        let bytes = write_batch(db, ops, reserved, commit)?;
+        let bytes = write_batch(db, ops, file, commit)?;
         self.restart(epoch)?;
-        write_batch(db, &[], reserved, Commit::HeaderWritten { epoch })?;
+        write_batch(db, &[], file, Commit::HeaderWritten { epoch })?;
         self.recorded_slot = self.written_slot;
         Ok(bytes)
     }
