@@ -113,22 +113,23 @@ fn report(state: &str, cold: bool, path: &Path, n: u64, round: u64, acked: &Hash
         drop_caches();
     }
     let out = run("check", path, n, round);
-    let nums: Vec<f64> = out
-        .lines()
-        .next()
-        .unwrap_or_default()
-        .split_whitespace()
-        .map(|x| x.parse().expect("a number"))
-        .collect();
-    let (open, first, checked, wrong) = (nums[0], nums[1], nums[2], nums[3]);
+    let first_line = out.lines().next().unwrap_or_default();
+    let fields: Vec<&str> = first_line.split_whitespace().collect();
+    let [open, first, checked, wrong] = fields[..] else {
+        panic!("a check child printed {first_line:?}")
+    };
+    let seconds = |x: &str| -> f64 { x.parse().expect("seconds") };
+    let count = |x: &str| -> u64 { x.parse().expect("a count") };
+    let (open, first, checked, wrong) =
+        (seconds(open), seconds(first), count(checked), count(wrong));
     let acked_wrong = check_acked(&out, acked);
     println!(
         "| {state} | {} | {:.3} s | {:.3} s | {} | {} |",
         if cold { "dropped" } else { "warm" },
         open,
         first,
-        checked as u64 + acked.len() as u64,
-        wrong as u64 + acked_wrong
+        checked + acked.len() as u64,
+        wrong + acked_wrong
     );
 }
 

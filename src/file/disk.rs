@@ -99,6 +99,15 @@ impl Gone {
     }
 }
 
+/// Makes `txn`'s commit record redb's allocator state, with a two-phase commit (two `fsync`s
+/// instead of one). redb's open trusts that state only if the last commit on disk recorded it;
+/// otherwise, after a crash, it rebuilds it by reading every page of the file (5.8 s for a
+/// 1M-record store with a cold page cache, against 0.2 s). Non-durable commits never reach the
+/// header on disk, so only the durable ones need it.
+pub(crate) fn quick_repair(txn: &mut redb::WriteTransaction) {
+    txn.set_quick_repair(true);
+}
+
 pub(crate) fn expiry_key(expires_at: u64, fence: u64) -> u128 {
     u128::from(expires_at) << 64 | u128::from(fence)
 }
@@ -145,8 +154,15 @@ pub(crate) fn write_batch(
     let reserved = &mut file.reserved;
     let mut txn = db.begin_write()?;
     let mut bytes = 0i64;
-    if commit == Commit::Journaled {
-        txn.set_durability(redb::Durability::None)?;
+    match commit {
+        Commit::Journaled => txn.set_durability(redb::Durability::None)?,
+        // A checkpoint is the last durable commit a crash can leave: recording redb's allocator
+        // state in it lets the open after the crash load that state instead of walking every
+        // page of the file (see `quick_repair`).
+        Commit::Checkpoint { .. } | Commit::HeaderWritten { .. } => quick_repair(&mut txn),
+        // Without a journal every batch is durable, and the state would cost a second `fsync`
+        // on each: such a store pays the walk after a crash instead.
+        Commit::Durable => {}
     }
     let mut high_fence = 0;
     {
@@ -343,7 +359,8 @@ fn missing(key: &str) -> Error {
 /// Initialises a new store in an empty redb file: its tables, and every `meta` value, with a
 /// fresh random store id. Durable when it returns.
 pub(crate) fn create(db: &Database) -> Result<()> {
-    let txn = db.begin_write()?;
+    let mut txn = db.begin_write()?;
+    quick_repair(&mut txn);
     {
         let mut meta = txn.open_table(META)?;
         if meta.get(FORMAT_KEY)?.is_some() {
@@ -675,7 +692,8 @@ fn insert_pending(
 /// changed then.
 pub(crate) fn rebuild_heads(db: &Database, secret: SipKey) -> Result<u64> {
     let hashing = Hashing::new(secret);
-    let txn = db.begin_write()?;
+    let mut txn = db.begin_write()?;
+    quick_repair(&mut txn);
     let mut rebuilt = 0;
     match txn.delete_table(HEADS) {
         Ok(_) | Err(redb::TableError::TableDoesNotExist(_)) => {}

@@ -68,7 +68,8 @@ fn write(db: &redb::Database, input: impl std::io::BufRead) -> Result<u64> {
         .secret
         .expect("a new store file has its secret");
     let hashing = Hashing::new(secret);
-    let txn = db.begin_write()?;
+    let mut txn = db.begin_write()?;
+    disk::quick_repair(&mut txn);
     let digest = KeyDigest::new();
     let mut keys = HashSet::new();
     let (mut highest, mut imported) = (0, 0);

@@ -150,9 +150,9 @@ impl FileStore {
                     return Ok(Attempt::Answer(self.in_progress(Duration::ZERO, false)));
                 }
                 SlotState::Completed { durable: true, .. } => {
-                    let fence = slot.fence();
+                    let seen = slot.clone();
                     drop(stripe);
-                    return self.replay(key, fence, fingerprint);
+                    return self.replay(key, &seen, fingerprint);
                 }
                 SlotState::InProgress {
                     lease_until,
@@ -258,7 +258,7 @@ impl FileStore {
         tag: Tag,
         seen: &Slot,
     ) -> Result<Attempt> {
-        let Some(previous) = self.record_at(key, seen.fence())? else {
+        let Some(previous) = self.record_at(key, seen)? else {
             return Ok(Attempt::Again);
         };
         if previous.fingerprint() != fingerprint {
@@ -311,8 +311,9 @@ impl FileStore {
     /// Reads a completed record's response. The index said `fence` is completed and durable
     /// and its fingerprint tag matched; the full fingerprint is compared here. If the disk now
     /// holds another record (expired and re-claimed meanwhile) the claim looks again.
-    fn replay(&self, key: &IndexKey, fence: u64, fingerprint: Fingerprint) -> Result<Attempt> {
+    fn replay(&self, key: &IndexKey, seen: &Slot, fingerprint: Fingerprint) -> Result<Attempt> {
         let c = &self.inner.counters;
+        let fence = seen.fence();
         if let Some(hit) = self.inner.replays.get(&fence) {
             if hit.key == key.bytes {
                 return Ok(if hit.fingerprint != fingerprint {
@@ -324,7 +325,7 @@ impl FileStore {
                 });
             }
         }
-        Ok(match self.record_at(key, fence)? {
+        Ok(match self.record_at(key, seen)? {
             Some(record) if record.fingerprint() != fingerprint => {
                 Counters::bump(&c.mismatches, 1);
                 Attempt::Answer(Claim::Mismatch { completed: true })
@@ -350,53 +351,70 @@ impl FileStore {
         })
     }
 
-    /// The record the index has for `key` at `fence`, read from the file with no lock held;
-    /// `None` if the index moved on meanwhile (the record was replaced or deleted).
+    /// The record the index has for `key` in `seen` (a slot taken from the index), read from
+    /// the file with no lock held; `None` if the index moved on meanwhile (the record was
+    /// replaced or deleted, or its completion recorded).
+    ///
+    /// The record must agree with its head, from which the open built the slot: the same key,
+    /// the same fingerprint, and completed if the slot says its completion is durable. A record
+    /// can disagree only while a queued write has yet to land, so a disagreement is looked at
+    /// again once every queued write landed, and is damage if it stays.
     ///
     /// # Errors
     /// [`Error::Corrupted`] if the record is another key's (a damaged file, or a 128-bit hash
-    /// collision: either way no response crosses keys), or if the index still points at
-    /// `fence` but the file has no record there even after every queued write landed (looking
-    /// again would spin forever).
-    fn record_at(&self, key: &IndexKey, fence: u64) -> Result<Option<Record>> {
+    /// collision: either way no response crosses keys), or if it still disagrees with an
+    /// unchanged slot after every queued write landed: the file has no record there, or one
+    /// whose fingerprint or state is not its head's (looking again would spin forever).
+    fn record_at(&self, key: &IndexKey, seen: &Slot) -> Result<Option<Record>> {
         let inner = &*self.inner;
-        for first in [true, false] {
-            match inner.pipeline.read(|db| disk::read_at(db, fence))? {
-                Some((stored, record)) if stored == key.bytes => return Ok(Some(record)),
-                Some((stored, _)) => {
-                    return Err(Error::Corrupted {
-                        damaged: Damaged::Record {
-                            fence: Some(fence),
-                            key: Some(display_scoped_key(&key.bytes)),
-                        },
-                        reason: format!(
-                            "the index points this key at fence {fence}, whose record is {}'s",
-                            display_scoped_key(&stored)
-                        ),
-                    })
-                }
-                None => {}
-            }
-            let unchanged = inner
-                .index
-                .lock(&key.hash)
-                .get(&key.hash)
-                .is_some_and(|slot| slot.fence() == fence);
-            if !unchanged {
-                return Ok(None);
-            }
-            if first {
-                // A claim's record may still be queued: let every queued write land.
-                inner.pipeline.flush()?;
-            }
-        }
-        Err(Error::Corrupted {
+        let fence = seen.fence();
+        let damaged = |reason: String| Error::Corrupted {
             damaged: Damaged::Record {
                 fence: Some(fence),
                 key: Some(display_scoped_key(&key.bytes)),
             },
-            reason: "the index holds this record, the file does not".into(),
-        })
+            reason,
+        };
+        let mut flushed = false;
+        loop {
+            let disagreement = match inner.pipeline.read(|db| disk::read_at(db, fence))? {
+                Some((stored, _)) if stored != key.bytes => {
+                    return Err(damaged(format!(
+                        "the index points this key at fence {fence}, whose record is {}'s",
+                        display_scoped_key(&stored)
+                    )))
+                }
+                Some((_, record)) => match self.disagreement(seen, &record) {
+                    None => return Ok(Some(record)),
+                    Some(reason) => reason,
+                },
+                None => "the index holds this record, the file does not",
+            };
+            let unchanged = inner.index.lock(&key.hash).get(&key.hash) == Some(seen);
+            if !unchanged {
+                return Ok(None);
+            }
+            if flushed {
+                return Err(damaged(disagreement.into()));
+            }
+            // A claim's record, or a completion, may still be queued: let every queued write
+            // land.
+            inner.pipeline.flush()?;
+            flushed = true;
+        }
+    }
+
+    /// How `record` disagrees with the slot `seen` the index holds for it, if it does.
+    fn disagreement(&self, seen: &Slot, record: &Record) -> Option<&'static str> {
+        if self.inner.index.tag(&record.fingerprint()) != seen.tag() {
+            return Some("the record's fingerprint is not the one its head holds");
+        }
+        match (seen.state(), &record.state) {
+            (SlotState::Completed { durable: true, .. }, Stored::InProgress { .. }) => {
+                Some("its head says it is completed, the record that it is in progress")
+            }
+            _ => None,
+        }
     }
 
     pub(crate) fn complete(&self, ticket: Ticket, response: Response) -> Result<()> {
@@ -623,7 +641,7 @@ impl FileStore {
                     return Ok(None);
                 }
             }
-            let Some(record) = self.record_at(&key, slot.fence())? else {
+            let Some(record) = self.record_at(&key, &slot)? else {
                 continue;
             };
             let (fingerprint, claimed_at) = (record.fingerprint(), record.claimed_at);
