@@ -167,6 +167,7 @@ fn kill_under_load(path: &Path, round: u64) -> HashMap<String, bool> {
         .spawn()
         .expect("spawn the load child");
     let stdout = child.stdout.take().expect("piped");
+    let (ready_tx, ready) = std::sync::mpsc::channel();
     let reader = std::thread::spawn(move || {
         let mut acked = HashMap::new();
         for line in BufReader::new(stdout).lines() {
@@ -178,12 +179,17 @@ fn kill_under_load(path: &Path, round: u64) -> HashMap<String, bool> {
                 Some(("d", key)) => {
                     acked.insert(key.to_owned(), true);
                 }
+                _ if line == "ready" => {
+                    let _ = ready_tx.send(());
+                }
                 _ => {}
             }
         }
         acked
     });
-    std::thread::sleep(Duration::from_secs(LOAD_SECONDS + 1));
+    // The load runs from its open on (a verifying open takes seconds of its own).
+    ready.recv().expect("the load child opened the store");
+    std::thread::sleep(Duration::from_secs(LOAD_SECONDS));
     child.kill().expect("SIGKILL the load child");
     child.wait().expect("reap the child");
     let acked = reader.join().expect("reader");
@@ -281,6 +287,7 @@ fn make(path: &Path, n: u64) {
 fn load(path: &Path, round: u64) {
     use std::io::Write;
     let store = open(path);
+    writeln!(std::io::stdout().lock(), "ready").expect("stdout");
     let stop = AtomicBool::new(false);
     std::thread::scope(|s| {
         for t in 0..LOAD_THREADS {

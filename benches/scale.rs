@@ -22,7 +22,7 @@
 //!
 //! `IDEMDB_SCALE_KEEP=1` keeps each store file (its path is printed, and the purge is skipped)
 //! for profiling; `IDEMDB_SCALE_OPEN=<file>` only measures opening that file
-//! (`IDEMDB_SCALE_PAGE_CHECK=trust` opens it without verifying redb's pages).
+//! (`IDEMDB_SCALE_PAGE_CHECK=verify` opens it verifying every redb page first).
 
 use idemdb::{Claim, Fingerprint, ManualClock, Response, Scope, Store};
 use std::path::Path;
@@ -253,8 +253,8 @@ fn child(spec: &str) {
             if let Ok(bytes) = std::env::var("IDEMDB_SCALE_CACHE") {
                 builder = builder.cache_size(bytes.parse().expect("IDEMDB_SCALE_CACHE: bytes"));
             }
-            if std::env::var("IDEMDB_SCALE_PAGE_CHECK").as_deref() == Ok("trust") {
-                builder = builder.page_check(idemdb::PageCheck::Trust);
+            if std::env::var("IDEMDB_SCALE_PAGE_CHECK").as_deref() == Ok("verify") {
+                builder = builder.page_check(idemdb::PageCheck::Verify);
             }
             let store = builder.open(path).expect("open");
             let secs = started.elapsed().as_secs_f64();

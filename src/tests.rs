@@ -623,6 +623,30 @@ fn damaged_or_missing_heads_are_rebuilt_from_the_records() {
     }
 }
 
+/// A `meta` table naming a journal epoch no store reaches is damage, refused at open. (Found
+/// by the `open_file` fuzzer: `journal_epoch` = 2^64 - 1 overflowed the checkpoint's epoch + 1.)
+#[test]
+fn a_journal_epoch_beyond_any_store_is_refused_not_overflowed() {
+    use crate::file::disk::{JOURNAL_EPOCH_KEY, META};
+    for epoch in [u64::MAX, (1 << 62) + 1] {
+        let disk = SimDisk::new();
+        store_with_heads(&disk, 2);
+        edit_file(&disk, |txn| {
+            txn.open_table(META)
+                .unwrap()
+                .insert(JOURNAL_EPOCH_KEY, epoch)
+                .unwrap();
+        });
+        match StoreBuilder::default().open_simulated(&disk) {
+            Err(Error::Corrupted {
+                damaged: Damaged::Meta,
+                reason,
+            }) => assert!(reason.contains("journal epoch"), "{reason}"),
+            other => panic!("journal_epoch {epoch}: {:?}", other.map(|_| "opened")),
+        }
+    }
+}
+
 /// After a crash, redb's open loads the allocator state that the last checkpoint (a durable
 /// commit with quick-repair) recorded, instead of repairing: walking and checksumming every page
 /// of the file, which took 5.8 s for a 1M-record store with a cold page cache. The journaled

@@ -129,9 +129,10 @@ fn builder(journal: u64) -> idemdb::StoreBuilder {
     let builder = Store::builder()
         .journal_size(journal)
         .lease(Duration::from_secs(24 * 3600));
-    // To see what page verification prevents: `IDEMDB_DAMAGE_PAGE_CHECK=trust`.
-    if std::env::var("IDEMDB_DAMAGE_PAGE_CHECK").as_deref() == Ok("trust") {
-        builder.page_check(idemdb::PageCheck::Trust)
+    // The default trusts pages; `IDEMDB_DAMAGE_PAGE_CHECK=verify` runs the sweep with redb's
+    // page verification (`PageCheck::Verify`), as CI does too.
+    if std::env::var("IDEMDB_DAMAGE_PAGE_CHECK").as_deref() == Ok("verify") {
+        builder.page_check(idemdb::PageCheck::Verify)
     } else {
         builder
     }

@@ -1,7 +1,7 @@
 //! The STORE argument: a store file, or a `postgres://` URL.
 
 use crate::output::{Exit, Failure, Out};
-use idemdb::Store;
+use idemdb::{PageCheck, Store};
 use std::path::Path;
 
 /// How to reach the store the command works on.
@@ -25,15 +25,25 @@ impl Target {
     }
 
     /// Opens the store, which must exist: a command never creates a store by accident. A
-    /// spinner turns while it opens (a file's open reads every record).
+    /// spinner turns while it opens. A file's pages are trusted, as a service opens them.
     pub(crate) fn open(&self, out: &Out) -> Result<Store, Failure> {
+        self.open_checking(out, PageCheck::Trust)
+    }
+
+    /// [`Target::open`], with every page of a store file read and its checksum verified first
+    /// (redb's integrity check): what `verify` opens with.
+    pub(crate) fn open_verified(&self, out: &Out) -> Result<Store, Failure> {
+        self.open_checking(out, PageCheck::Verify)
+    }
+
+    fn open_checking(&self, out: &Out, check: PageCheck) -> Result<Store, Failure> {
         let spinner = out.spinner("opening");
-        let opened = self.open_quietly();
+        let opened = self.open_quietly(check);
         spinner.finish_and_clear();
         opened
     }
 
-    fn open_quietly(&self) -> Result<Store, Failure> {
+    fn open_quietly(&self, check: PageCheck) -> Result<Store, Failure> {
         match self.path() {
             Some(path) => {
                 if !path
@@ -46,7 +56,10 @@ impl Target {
                     ));
                 }
                 // A disk that fails under the command should fail the command, not be retried.
-                Ok(Store::builder().heal_after(None).open(path)?)
+                Ok(Store::builder()
+                    .heal_after(None)
+                    .page_check(check)
+                    .open(path)?)
             }
             None => self.connect(),
         }

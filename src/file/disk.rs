@@ -335,6 +335,15 @@ pub(crate) fn meta(db: &Database) -> Result<Meta> {
         journal_bytes: get(JOURNAL_BYTES_KEY)?,
         journal_header: get(JOURNAL_HEADER_KEY)?,
     };
+    if meta.journal_epoch > MAX_EPOCH {
+        return Err(Error::Corrupted {
+            damaged: Damaged::Meta,
+            reason: format!(
+                "the journal epoch {} is beyond any store's (one a checkpoint; at most {MAX_EPOCH})",
+                meta.journal_epoch
+            ),
+        });
+    }
     if meta.journal_header > meta.journal_epoch {
         return Err(Error::Corrupted {
             damaged: Damaged::Meta,
@@ -346,6 +355,10 @@ pub(crate) fn meta(db: &Database) -> Result<Meta> {
     }
     Ok(meta)
 }
+
+/// The highest journal epoch a file may name: each checkpoint raises it by one, so no store
+/// reaches it (2^62 checkpoints), and the epoch arithmetic never overflows.
+const MAX_EPOCH: u64 = 1 << 62;
 
 fn missing(key: &str) -> Error {
     Error::Corrupted {
@@ -480,11 +493,9 @@ pub(crate) fn load(db: &Database, index: &Index, reserved: u64, file_bytes: u64)
     index.reserve(usize::try_from(plausible).unwrap_or(0));
     let first = heads.first()?.map_or(0, |(k, _)| k.value());
     let last = heads.last()?.map_or(0, |(k, _)| k.value());
-    let parts = if count < PARALLEL_SCAN_MIN {
-        1
-    } else {
-        std::thread::available_parallelism().map_or(1, |n| n.get().min(MAX_SCAN_THREADS))
-    };
+    let parts = usize::try_from(count / PARALLEL_SCAN_MIN)
+        .unwrap_or(usize::MAX)
+        .clamp(1, MAX_SCAN_THREADS);
     // Split the fence range evenly; fences are dense enough that the parts are similar.
     let bounds: Vec<u64> = (0..parts)
         .map(|i| {
@@ -550,11 +561,14 @@ pub(crate) fn load(db: &Database, index: &Index, reserved: u64, file_bytes: u64)
     }))
 }
 
-/// Below this many records the open scans on one thread. Unit tests use a tiny threshold so
-/// that their reopens take the parallel path.
-const PARALLEL_SCAN_MIN: u64 = if cfg!(test) { 4 } else { 1 << 16 };
-/// The open scans with at most this many threads (one per core).
-const MAX_SCAN_THREADS: usize = 4;
+/// The open reads heads on one thread for every this many (up to [`MAX_SCAN_THREADS`]). Unit
+/// tests use a tiny figure so that their reopens take the parallel path.
+const PARALLEL_SCAN_MIN: u64 = if cfg!(test) { 4 } else { 1 << 14 };
+/// The open reads heads with up to this many threads (one per [`PARALLEL_SCAN_MIN`] heads),
+/// whatever the cores: with a cold page cache the reads are scattered 4 KiB page reads, and
+/// threads waiting on them keep the disk's queue full. 1.68M heads, 2 vCPUs, cold: 1.68 s with
+/// 2 threads, 1.05 s with 4, 0.67 s with 16, 0.61 s with 32; warm 0.39 s with 2, 0.35 s with 16.
+const MAX_SCAN_THREADS: usize = 16;
 
 /// How one part of the heads scan ended.
 enum Part {
