@@ -186,7 +186,7 @@ impl StoreBuilder {
     /// keys with [`crate::Error::StoreFull`] (HTTP: 503 with `Retry-After`), so that a disk
     /// filling up is a refusal of new requests rather than a failed write that halts the
     /// store. Counted: each record's encoded key, fingerprint, times and response, as of the
-    /// last commit ([`crate::Stats::stored_bytes`]). Claims of keys that hold a record,
+    /// last answered write ([`crate::Stats::stored_bytes`]). Claims of keys that hold a record,
     /// completions, releases, extensions, reaps and purges are never refused: a completion's
     /// side effect has happened. So the records may pass the limit by the responses of the
     /// claims in progress when it was reached (each at most `max_response_bytes`), and the

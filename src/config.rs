@@ -87,6 +87,10 @@ pub(crate) struct Config {
     pub(crate) name: Option<String>,
     /// The store's instruments: inert until the store opens ([`crate::observe::Observer::attach`]).
     pub(crate) observer: crate::observe::Observer,
+    /// Journaled batches are applied to redb on a thread of the store's own, after their
+    /// callers are answered; `false` (the simulated disk): by the leader, so that a seeded run
+    /// does its I/O in one order.
+    pub(crate) background_apply: bool,
     /// PostgreSQL: the schema holding the store's tables.
     #[cfg(feature = "postgres")]
     pub(crate) schema: String,
@@ -122,6 +126,7 @@ impl Default for Config {
             max_store_bytes: None,
             name: None,
             observer: crate::observe::Observer::default(),
+            background_apply: true,
             #[cfg(feature = "postgres")]
             schema: String::from("idemdb"),
             #[cfg(feature = "postgres")]

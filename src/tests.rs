@@ -216,6 +216,39 @@ fn replay_of_a_record_missing_from_the_file_is_corruption_not_a_hang() {
     ));
 }
 
+/// A journaled batch is answered once the journal is synced, before the applier thread has put
+/// it into redb. A replay in that window must wait for the apply: read from the file behind the
+/// answer, it would find the record still in progress (or absent), and call the file corrupted.
+#[test]
+fn a_replay_between_the_answer_and_the_apply_waits_for_the_apply() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path().join("store.idem")).unwrap();
+    #[allow(irrefutable_let_patterns)]
+    let crate::store::Engine::File(healing) = &store.engine
+    else {
+        unreachable!("a store on a file is a file engine")
+    };
+    let file = healing.current();
+    let ticket = acquire(&store, "k1");
+    let response = Response::new(201, "paid").with_header("x-id", "1");
+    let gate = file.inner.pipeline.apply_gate.lock();
+    store.complete(ticket, response.clone()).unwrap();
+    let replay = std::thread::spawn({
+        let store = store.clone();
+        move || store.claim(&scope(), "k1", fp())
+    });
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    assert!(
+        !replay.is_finished(),
+        "the replay answered while redb did not hold the completion"
+    );
+    drop(gate);
+    match replay.join().unwrap() {
+        Ok(Claim::Replay(r)) => assert_eq!(r, response),
+        other => panic!("expected the stored response, got {other:?}"),
+    }
+}
+
 /// Regression (found by the `open_file` fuzz target): a file whose fence reservation (or a
 /// record's fence) was at `u64::MAX` made the open overflow the fence counter: a panic in debug
 /// builds, and in release a counter that wraps and reissues fences. It is now `Corrupted`.

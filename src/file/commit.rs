@@ -1,22 +1,33 @@
 //! Group commit. Callers queue their ops and wait; whichever waiter finds no commit running
 //! becomes the leader, takes everything queued, makes it durable as one batch (one journal
-//! entry and one `fdatasync` of the journal, then a redb transaction applied without a sync; or,
-//! when the journal is full or absent, one durable redb commit: a checkpoint), and wakes the
-//! callers it made durable plus one caller of the next batch. A lone caller commits on its own
-//! thread, with no hand-off.
+//! entry and one `fdatasync` of the journal; or, when the journal is full or absent, one
+//! durable redb commit: a checkpoint), and wakes the callers it made durable plus one caller of
+//! the next batch. A lone caller commits on its own thread, with no hand-off.
+//!
+//! A journaled batch is answered once the journal's `fdatasync` returns, before redb holds it:
+//! the `idemdb-apply` thread applies journaled batches to redb in order (`Durability::None`,
+//! several waiting batches in one transaction) while the next batch is being synced. Reads of
+//! the redb file first wait until every answered batch is applied ([`Shared::read`]), so no
+//! reader sees the file behind what a caller was told. A store on the simulated disk applies
+//! each batch on the leader's thread right after answering it, so that its I/O happens in one
+//! order and a seed replays a run exactly.
 //!
 //! Async callers never block their executor thread on an fsync: they register a waker and a
 //! `idemdb-flush` thread, started on first use, leads commits while any async caller waits.
 //! Sync leaders wake async waiters too, so both kinds share batches. Ops nobody waits for (a
 //! withdrawn claim's release) are handed to the same thread ([`Pipeline::commit_soon`]), and a
-//! store closed cleanly commits what is still queued.
+//! store closed cleanly commits what is still queued, applies it, and checkpoints.
 //!
 //! Invariants:
-//! - an op's sequence number is below `durable` only once the batch holding it is fsynced;
+//! - an op's sequence number is below `durable` only once the batch holding it is fsynced (in
+//!   the journal, or in a durable redb commit);
+//! - `applied <= durable`: an op is below `applied` once redb holds it; the applier applies
+//!   batches in queue order, and a checkpoint starts only once every earlier batch is applied;
 //! - after a failed commit the pipeline is halted: queued and later ops fail, and nothing is
 //!   acknowledged again through it (fail-stop; redb also refuses further writes after an I/O
-//!   error). The store heals by reopening the file into a new pipeline (`heal.rs`), once this
-//!   one has let go of its files ([`Pipeline::release_files`]).
+//!   error). A failed apply halts it too: what it answered is in the journal, which the reopen
+//!   replays. The store heals by reopening the file into a new pipeline (`heal.rs`), once this
+//!   one has let go of its files ([`Shared::release_files`]).
 
 use crate::error::{Error, Result};
 use crate::file::disk::{write_batch, Commit, FileState, Op};
@@ -24,14 +35,32 @@ use crate::file::journal::{Appended, Journal};
 use crate::observe::{Lap, Observer};
 use crate::sync::{Arc, AtomicBool, AtomicU64, Condvar, Mutex, MutexGuard, Ordering, RwLock};
 use redb::Database;
+use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Once, Weak};
 use std::task::{Context, Poll, Waker};
+use std::thread::JoinHandle;
 
+/// The commit pipeline of one store file. Everything the applier thread shares with callers
+/// is in [`Shared`]; the pipeline owns that thread and stops it when dropped.
 pub(crate) struct Pipeline {
-    /// `None` once released after a halt ([`Pipeline::release_files`]) and while dropping. A
-    /// read or a commit holds it shared for its duration.
+    shared: Arc<Shared>,
+    /// The `idemdb-apply` thread; `None` for a store that applies on the leader's thread.
+    applier: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl std::ops::Deref for Pipeline {
+    type Target = Shared;
+
+    fn deref(&self) -> &Shared {
+        &self.shared
+    }
+}
+
+pub(crate) struct Shared {
+    /// `None` once released after a halt ([`Shared::release_files`]) and while dropping. A
+    /// read, a commit or an apply holds it shared for its duration.
     db: RwLock<Option<Database>>,
     /// A commit panicked inside redb, leaving its locks poisoned.
     poisoned: AtomicBool,
@@ -40,12 +69,31 @@ pub(crate) struct Pipeline {
     /// wakes the callers it made durable, and one caller of the next batch to lead it, instead
     /// of every waiter (half of whom would only go back to sleep).
     done: [Condvar; 2],
+    /// Signalled when `applied` moves, or the pipeline halts: readers and checkpoints wait
+    /// here for the applier.
+    applied_signal: Condvar,
+    /// Signalled when a batch joins the backlog, or the applier is to exit.
+    backlog_signal: Condvar,
+    /// `State::durable` and `State::applied`, readable without the lock: a read waits only
+    /// when the first is ahead.
+    durable_seq: AtomicU64,
+    applied_seq: AtomicU64,
     halted: AtomicBool,
     batches: AtomicU64,
-    /// The bytes of every record's value in the file as of the last commit (changed only by
-    /// the leader, under `state`).
+    /// The bytes of every record's value in the file as of the last apply (changed only under
+    /// `state`).
     record_bytes: AtomicU64,
+    /// The bytes of the values the backlog's batches write (removals not subtracted).
+    backlog_put_bytes: AtomicU64,
     checkpoints: Arc<AtomicU64>,
+    /// The fence reservation and the head hashing: whoever writes to redb holds it (the
+    /// applier, or the leader of a checkpoint).
+    file: Mutex<FileState>,
+    /// Journaled batches are applied by the `idemdb-apply` thread (not on the leader's).
+    background: bool,
+    /// Held by a test to keep the applier from applying.
+    #[cfg(test)]
+    pub(crate) apply_gate: Mutex<()>,
     flusher: Arc<FlushSignal>,
     flusher_started: Once,
     /// Called once the pipeline halts, so that waiters see the error.
@@ -59,6 +107,8 @@ struct State {
     next: u64,
     /// Every op numbered below this is durable.
     durable: u64,
+    /// Every op numbered below this is in the redb file.
+    applied: u64,
     committing: bool,
     /// Batches started; the running one, while `committing`.
     batch: u64,
@@ -69,9 +119,34 @@ struct State {
     writer: Option<Writer>,
     /// Async callers waiting for their op: (sequence number, waker).
     wakers: Vec<(u64, Waker)>,
+    /// Durable batches redb does not hold yet, oldest first.
+    backlog: VecDeque<Journaled>,
+    /// The applier is applying batches it took from `backlog`.
+    applying: bool,
+    /// The applier exits once `backlog` is empty.
+    applier_exit: bool,
+}
+
+/// A batch the journal holds and redb does not yet.
+struct Journaled {
+    ops: Vec<Op>,
+    /// The sequence number the batch ends before.
+    upto: u64,
+    /// The bytes of the values its puts write.
+    put_bytes: u64,
+}
+
+/// How the leader made a batch durable.
+enum Made {
+    /// In the journal: redb is still to apply it.
+    Journaled,
+    /// In a durable redb commit, which holds every batch before it too; changed the records'
+    /// bytes by this much.
+    Committed(i64),
 }
 
 const FLUSHER_NAME: &str = "idemdb-flush";
+const APPLIER_NAME: &str = "idemdb-apply";
 
 /// Tells the flusher thread there is an async caller to serve, or that the store is closing.
 /// The thread holds only this and a `Weak` to the pipeline while idle, and the store's drop
@@ -125,54 +200,152 @@ fn halted(cause: &str) -> Error {
 }
 
 impl Pipeline {
+    /// `background`: journaled batches are applied by an `idemdb-apply` thread of the
+    /// pipeline's own; otherwise by the leader, right after it answered them.
     pub(crate) fn new(
         db: Database,
         file: FileState,
         record_bytes: u64,
         journal: Option<Journal>,
+        background: bool,
         on_halt: Box<dyn Fn() + Send + Sync>,
         observer: Observer,
     ) -> Pipeline {
         let checkpoints = Arc::new(AtomicU64::new(0));
-        Pipeline {
+        // Without a journal every batch is a durable redb commit: there is nothing to apply.
+        let background = background && journal.is_some();
+        let shared = Arc::new(Shared {
             db: RwLock::new(Some(db)),
             poisoned: AtomicBool::new(false),
             state: Mutex::new(State {
                 queue: Vec::new(),
                 next: 0,
                 durable: 0,
+                applied: 0,
                 committing: false,
                 batch: 0,
                 committing_upto: 0,
                 halted: None,
                 writer: Some(Writer {
-                    file,
                     journal,
                     checkpoints: Arc::clone(&checkpoints),
                     observer: observer.clone(),
                 }),
                 wakers: Vec::new(),
+                backlog: VecDeque::new(),
+                applying: false,
+                applier_exit: false,
             }),
             done: [Condvar::new(), Condvar::new()],
+            applied_signal: Condvar::new(),
+            backlog_signal: Condvar::new(),
+            durable_seq: AtomicU64::new(0),
+            applied_seq: AtomicU64::new(0),
             halted: AtomicBool::new(false),
             batches: AtomicU64::new(0),
             record_bytes: AtomicU64::new(record_bytes),
+            backlog_put_bytes: AtomicU64::new(0),
             checkpoints,
+            file: Mutex::new(file),
+            background,
+            #[cfg(test)]
+            apply_gate: Mutex::new(()),
             flusher: Arc::default(),
             flusher_started: Once::new(),
             on_halt,
             observer,
+        });
+        let applier = if background {
+            let applying = Arc::clone(&shared);
+            let spawned = std::thread::Builder::new()
+                .name(APPLIER_NAME.into())
+                .spawn(move || applying.apply_loop());
+            match spawned {
+                Ok(handle) => Some(handle),
+                Err(_) => {
+                    // Nothing would ever be applied, and reads would wait forever: halt.
+                    let mut s = shared.state.lock();
+                    shared.halt(&mut s, "could not start the idemdb-apply thread".into());
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        Pipeline {
+            shared,
+            applier: Mutex::new(applier),
         }
     }
 
-    /// Runs a read of the file. A panic inside redb (it panics on some damaged pages it had not
-    /// read before) becomes [`Error::Corrupted`] for this caller, and the file is leaked rather
-    /// than dropped when the store closes (redb's `Drop` would panic again on its poisoned
-    /// locks).
+    /// A future that resolves once `seq` is durable, without blocking the thread that polls
+    /// it: the flusher thread commits on its behalf.
+    pub(crate) fn durable(self: &Arc<Self>, seq: Seq) -> Durable {
+        self.start_flusher();
+        Durable {
+            pipeline: Arc::clone(self),
+            seq: seq.0,
+        }
+    }
+
+    /// Has the flusher commit `seq` soon, with nobody waiting for it.
+    pub(crate) fn commit_soon(self: &Arc<Self>, seq: Seq) {
+        self.start_flusher();
+        self.state
+            .lock()
+            .wakers
+            .push((seq.0, Waker::noop().clone()));
+        self.flusher.raise();
+    }
+
+    /// Called when the store is dropped: stops the flusher thread and waits until it holds no
+    /// reference to the pipeline, so the pipeline (and the file) is dropped by the caller.
+    pub(crate) fn close(&self) {
+        self.flusher.shut_down();
+    }
+
+    fn start_flusher(self: &Arc<Self>) {
+        self.flusher_started.call_once(|| {
+            let weak = Arc::downgrade(self);
+            let signal = Arc::clone(&self.flusher);
+            let spawned = std::thread::Builder::new()
+                .name(FLUSHER_NAME.into())
+                .spawn(move || flush_loop(&weak, &signal));
+            if spawned.is_err() {
+                // Without a flusher, async waiters would wait forever: halt instead.
+                let mut s = self.state.lock();
+                self.halt(&mut s, "could not start the idemdb-flush thread".into());
+            }
+        });
+    }
+
+    /// Lets the applier apply what is left of the backlog, and waits for it to exit.
+    fn stop_applier(&self) {
+        let Some(handle) = self.applier.lock().take() else {
+            return;
+        };
+        self.state.lock().applier_exit = true;
+        self.backlog_signal.notify_all();
+        // The loop contains redb's panics; a join error would be a bug in the loop itself, and
+        // a drop must not panic.
+        let _ = handle.join();
+    }
+}
+
+impl Shared {
+    /// Runs a read of the file, once redb holds every batch answered so far. A panic inside
+    /// redb (it panics on some damaged pages it had not read before) becomes
+    /// [`Error::Corrupted`] for this caller, and the file is leaked rather than dropped when
+    /// the store closes (redb's `Drop` would panic again on its poisoned locks).
     ///
     /// # Errors
-    /// [`Error::Halted`] once the files were released; the read's own errors.
+    /// [`Error::Halted`] once the files were released, or if the pipeline halted before redb
+    /// held what the read must see; the read's own errors.
     pub(crate) fn read<T>(&self, read: impl FnOnce(&Database) -> Result<T>) -> Result<T> {
+        let durable = self.durable_seq.load(Ordering::Acquire);
+        if self.applied_seq.load(Ordering::Acquire) < durable {
+            self.wait_applied(durable)?;
+        }
         let db = self.db.read();
         let Some(db) = db.as_ref() else {
             return Err(self.halted_error());
@@ -183,6 +356,25 @@ impl Pipeline {
                 Err(crate::error::storage_panic(panic))
             },
         )
+    }
+
+    /// Returns once redb holds every op numbered below `seq`.
+    ///
+    /// # Errors
+    /// [`Error::Halted`] if the pipeline halted and nothing more will be applied.
+    fn wait_applied(&self, seq: u64) -> Result<()> {
+        let mut s = self.state.lock();
+        loop {
+            if s.applied >= seq {
+                return Ok(());
+            }
+            if let Some(cause) = &s.halted {
+                if s.backlog.is_empty() && !s.applying {
+                    return Err(halted(cause));
+                }
+            }
+            self.applied_signal.wait(&mut s);
+        }
     }
 
     /// Whether a commit failed: nothing is acknowledged through this pipeline again.
@@ -197,17 +389,25 @@ impl Pipeline {
     }
 
     /// After a halt, closes the store file and the journal, so that they can be opened again
-    /// (redb locks its file while open). Waits for running reads; later reads fail with
-    /// [`Error::Halted`]. Returns whether the files are closed: not if the pipeline is not
+    /// (redb locks its file while open). Waits for running reads, commits and applies; later
+    /// reads fail with [`Error::Halted`], and the backlog is dropped (the journal holds it, and
+    /// the reopen replays it). Returns whether the files are closed: not if the pipeline is not
     /// halted, or is poisoned (then the file stays open).
     pub(crate) fn release_files(&self) -> bool {
         if !self.is_halted() || self.is_poisoned() {
             return false;
         }
         let mut s = self.state.lock();
-        while s.committing {
-            let batch = s.batch;
-            self.done[parity(batch)].wait(&mut s);
+        self.drop_backlog(&mut s);
+        loop {
+            if s.committing {
+                let batch = s.batch;
+                self.done[parity(batch)].wait(&mut s);
+            } else if s.applying {
+                self.applied_signal.wait(&mut s);
+            } else {
+                break;
+            }
         }
         // The journal's file handle goes with the writer; the pipeline never leads again.
         drop(s.writer.take());
@@ -246,9 +446,23 @@ impl Pipeline {
         self.batches.load(Ordering::Relaxed)
     }
 
-    /// The bytes of the records' values as of the last commit.
+    /// The bytes of the records' values as of the last answered batch: once redb holds it
+    /// (as of the last apply, if the pipeline halted with batches left to apply).
     pub(crate) fn record_bytes(&self) -> u64 {
+        let durable = self.durable_seq.load(Ordering::Acquire);
+        if self.applied_seq.load(Ordering::Acquire) < durable {
+            let _ = self.wait_applied(durable);
+        }
         self.record_bytes.load(Ordering::Relaxed)
+    }
+
+    /// At least the bytes of the records' values as of the last answered batch, without
+    /// waiting for the applier: the last apply's count plus every value the backlog writes.
+    pub(crate) fn record_bytes_bound(&self) -> u64 {
+        let pending = self.backlog_put_bytes.load(Ordering::Relaxed);
+        self.record_bytes
+            .load(Ordering::Relaxed)
+            .saturating_add(pending)
     }
 
     pub(crate) fn checkpoints(&self) -> u64 {
@@ -299,46 +513,25 @@ impl Pipeline {
                 self.done[parity(batch)].wait(&mut s);
                 continue;
             }
-            self.lead(&mut s)?;
+            if let Err(e) = self.lead(&mut s) {
+                // A batch answered before its apply failed is durable all the same.
+                if seq.0 >= s.durable {
+                    return Err(e);
+                }
+            }
         }
     }
 
     /// Returns once every op queued so far is durable.
     ///
     /// # Errors
-    /// As [`Pipeline::wait`].
+    /// As [`Shared::wait`].
     pub(crate) fn flush(&self) -> Result<()> {
         let next = self.state.lock().next;
         match next.checked_sub(1) {
             Some(last) => self.wait(Seq(last)),
             None => Ok(()),
         }
-    }
-
-    /// A future that resolves once `seq` is durable, without blocking the thread that polls
-    /// it: the flusher thread commits on its behalf.
-    pub(crate) fn durable(self: &Arc<Self>, seq: Seq) -> Durable {
-        self.start_flusher();
-        Durable {
-            pipeline: Arc::clone(self),
-            seq: seq.0,
-        }
-    }
-
-    /// Has the flusher commit `seq` soon, with nobody waiting for it.
-    pub(crate) fn commit_soon(self: &Arc<Self>, seq: Seq) {
-        self.start_flusher();
-        self.state
-            .lock()
-            .wakers
-            .push((seq.0, Waker::noop().clone()));
-        self.flusher.raise();
-    }
-
-    /// Called when the store is dropped: stops the flusher thread and waits until it holds no
-    /// reference to the pipeline, so the pipeline (and the file) is dropped by the caller.
-    pub(crate) fn close(&self) {
-        self.flusher.shut_down();
     }
 
     /// Commits one batch: everything queued. Called with the state locked and no commit
@@ -348,47 +541,208 @@ impl Pipeline {
         s.batch += 1;
         s.committing_upto = s.next;
         let batch = std::mem::take(&mut s.queue);
+        let first = s.durable;
         let upto = s.next;
         let mut writer = s.writer.take().expect("one leader at a time");
-        let result = MutexGuard::unlocked(s, || {
-            let db = self.db.read();
-            let Some(db) = db.as_ref() else {
-                return Err(halted("the store file was closed"));
-            };
+        let made = MutexGuard::unlocked(s, || {
             // A panic inside redb (damaged pages) fails the batch and halts the store like any
             // failed commit, instead of escaping into the caller that happened to lead.
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| writer.commit(db, &batch)))
-                .unwrap_or_else(|panic| {
-                    self.poisoned.store(true, Ordering::Release);
-                    Err(crate::error::storage_panic(panic))
-                })
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                self.make_durable(&mut writer, &batch, first)
+            }))
+            .unwrap_or_else(|panic| {
+                self.poisoned.store(true, Ordering::Release);
+                Err(crate::error::storage_panic(panic))
+            })
         });
-        s.writer = Some(writer);
-        s.committing = false;
-        let outcome = match result {
-            Ok(bytes) => {
+        let mut outcome = Ok(());
+        let mut apply_here = None;
+        match made {
+            Ok(made) => {
                 s.durable = upto;
+                self.durable_seq.store(upto, Ordering::Release);
                 self.batches.fetch_add(1, Ordering::Relaxed);
-                let now = self.record_bytes.load(Ordering::Relaxed);
-                self.record_bytes
-                    .store(now.saturating_add_signed(bytes), Ordering::Relaxed);
-                Ok(())
+                writer.observer.committed(batch.len());
+                match made {
+                    Made::Committed(bytes) => {
+                        self.add_record_bytes(bytes);
+                        s.applied = upto;
+                        self.applied_seq.store(upto, Ordering::Release);
+                        self.applied_signal.notify_all();
+                    }
+                    Made::Journaled if self.background => {
+                        let put_bytes = put_bytes(&batch);
+                        self.backlog_put_bytes
+                            .fetch_add(put_bytes, Ordering::Relaxed);
+                        s.backlog.push_back(Journaled {
+                            ops: batch,
+                            upto,
+                            put_bytes,
+                        });
+                        self.backlog_signal.notify_one();
+                    }
+                    Made::Journaled => apply_here = Some(batch),
+                }
             }
             Err(e) => {
-                let cause = e.to_string();
-                self.observer.halted(&cause);
-                s.halted = Some(cause);
-                self.halted.store(true, Ordering::Release);
-                Err(e)
+                // A checkpoint waiting for the applier finds the pipeline halted by it.
+                if s.halted.is_none() {
+                    self.halt(s, e.to_string());
+                }
+                outcome = Err(e);
             }
-        };
+        }
+        // The batch is durable: its callers go on while it is applied.
         self.done[parity(s.batch)].notify_all();
+        self.wake_async(s);
+        if let Some(ops) = apply_here {
+            let applied = MutexGuard::unlocked(s, || self.apply(&ops));
+            if let Err(e) = self.applied(s, applied, upto) {
+                outcome = Err(e);
+            }
+        }
+        s.writer = Some(writer);
+        s.committing = false;
         if s.halted.is_some() {
             self.done[parity(s.batch + 1)].notify_all();
         } else if s.next > upto {
             // Ops queued meanwhile: wake one of their callers to lead the next batch.
             self.done[parity(s.batch + 1)].notify_one();
         }
+        outcome
+    }
+
+    /// Makes `ops` (numbered from `first`) durable: appended to the journal and synced; or,
+    /// when the journal is full (or absent), committed durably into redb, which checkpoints
+    /// everything before them too, once redb holds every earlier batch.
+    fn make_durable(&self, writer: &mut Writer, ops: &[Op], first: u64) -> Result<Made> {
+        let Some(journal) = &mut writer.journal else {
+            let db = self.db.read();
+            let db = db
+                .as_ref()
+                .ok_or_else(|| halted("the store file was closed"))?;
+            let bytes = write_batch(db, ops, &mut self.file.lock(), Commit::Durable)?;
+            return Ok(Made::Committed(bytes));
+        };
+        let lap = Lap::start();
+        match journal.append(ops)? {
+            Appended::Durable => {
+                writer.observer.synced(&lap);
+                Ok(Made::Journaled)
+            }
+            Appended::Full => {
+                self.wait_applied(first)?;
+                let lap = Lap::start();
+                let db = self.db.read();
+                let db = db
+                    .as_ref()
+                    .ok_or_else(|| halted("the store file was closed"))?;
+                let bytes = journal.checkpoint(db, ops, &mut self.file.lock())?;
+                writer.checkpoints.fetch_add(1, Ordering::Relaxed);
+                writer.observer.checkpointed(ops.len(), &lap);
+                Ok(Made::Committed(bytes))
+            }
+        }
+    }
+
+    /// Applies journaled `ops` to redb without a sync.
+    fn apply(&self, ops: &[Op]) -> Result<i64> {
+        let db = self.db.read();
+        let Some(db) = db.as_ref() else {
+            return Err(halted("the store file was closed"));
+        };
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            write_batch(db, ops, &mut self.file.lock(), Commit::Journaled)
+        }))
+        .unwrap_or_else(|panic| {
+            self.poisoned.store(true, Ordering::Release);
+            Err(crate::error::storage_panic(panic))
+        })
+    }
+
+    /// Records the outcome of applying every batch before `upto`; a failure halts.
+    fn applied(
+        &self,
+        s: &mut MutexGuard<'_, State>,
+        outcome: Result<i64>,
+        upto: u64,
+    ) -> Result<()> {
+        let result = match outcome {
+            Ok(bytes) => {
+                self.add_record_bytes(bytes);
+                s.applied = upto;
+                self.applied_seq.store(upto, Ordering::Release);
+                Ok(())
+            }
+            Err(e) => {
+                if s.halted.is_none() {
+                    self.halt(s, format!("applying a journaled batch: {e}"));
+                }
+                Err(e)
+            }
+        };
+        self.applied_signal.notify_all();
+        result
+    }
+
+    /// The `idemdb-apply` thread: applies the backlog in order, every batch waiting at once
+    /// in one redb transaction, until told to exit with nothing left.
+    fn apply_loop(&self) {
+        let mut s = self.state.lock();
+        loop {
+            if s.backlog.is_empty() {
+                if s.applier_exit {
+                    return;
+                }
+                self.backlog_signal.wait(&mut s);
+                continue;
+            }
+            let mut waiting = s.backlog.drain(..);
+            let Journaled {
+                mut ops,
+                mut upto,
+                mut put_bytes,
+            } = waiting.next().expect("not empty");
+            for more in waiting {
+                ops.extend(more.ops);
+                upto = more.upto;
+                put_bytes += more.put_bytes;
+            }
+            s.applying = true;
+            let applied = MutexGuard::unlocked(&mut s, || {
+                #[cfg(test)]
+                let _gate = self.apply_gate.lock();
+                let applied = self.apply(&ops);
+                drop(ops);
+                applied
+            });
+            s.applying = false;
+            self.backlog_put_bytes
+                .fetch_sub(put_bytes, Ordering::Relaxed);
+            // A failure halts the pipeline; what is left in the backlog is in the journal.
+            let _ = self.applied(&mut s, applied, upto);
+            if s.halted.is_some() {
+                self.drop_backlog(&mut s);
+            }
+        }
+    }
+
+    /// After a halt: the batches left to apply are never applied by this pipeline (the
+    /// journal holds them, and the reopen replays them).
+    fn drop_backlog(&self, s: &mut MutexGuard<'_, State>) {
+        let dropped: u64 = s.backlog.drain(..).map(|batch| batch.put_bytes).sum();
+        self.backlog_put_bytes.fetch_sub(dropped, Ordering::Relaxed);
+        self.applied_signal.notify_all();
+    }
+
+    fn add_record_bytes(&self, bytes: i64) {
+        let now = self.record_bytes.load(Ordering::Relaxed);
+        self.record_bytes
+            .store(now.saturating_add_signed(bytes), Ordering::Relaxed);
+    }
+
+    /// Wakes the async callers whose ops are durable (all of them once halted).
+    fn wake_async(&self, s: &mut MutexGuard<'_, State>) {
         let durable = s.durable;
         let all = s.halted.is_some();
         s.wakers.retain(|(seq, waker)| {
@@ -398,30 +752,20 @@ impl Pipeline {
             }
             !ready
         });
-        if all {
-            MutexGuard::unlocked(s, || (self.on_halt)());
-        }
-        outcome
     }
 
-    fn start_flusher(self: &Arc<Self>) {
-        self.flusher_started.call_once(|| {
-            let weak = Arc::downgrade(self);
-            let signal = Arc::clone(&self.flusher);
-            let spawned = std::thread::Builder::new()
-                .name(FLUSHER_NAME.into())
-                .spawn(move || flush_loop(&weak, &signal));
-            if spawned.is_err() {
-                // Without a flusher, async waiters would wait forever: halt instead.
-                let mut s = self.state.lock();
-                let cause = "could not start the idemdb-flush thread";
-                self.observer.halted(cause);
-                s.halted = Some(cause.into());
-                self.halted.store(true, Ordering::Release);
-                drop(s);
-                (self.on_halt)();
-            }
-        });
+    /// Halts the pipeline for `cause`: every waiter, async caller and reader is woken to see
+    /// it, and `on_halt` runs (with the state unlocked).
+    fn halt(&self, s: &mut MutexGuard<'_, State>, cause: String) {
+        self.observer.halted(&cause);
+        s.halted = Some(cause);
+        self.halted.store(true, Ordering::Release);
+        for done in &self.done {
+            done.notify_all();
+        }
+        self.applied_signal.notify_all();
+        self.wake_async(s);
+        MutexGuard::unlocked(s, || (self.on_halt)());
     }
 
     /// Leads commits while an async caller waits for an op not yet durable.
@@ -449,61 +793,33 @@ impl Pipeline {
     }
 }
 
+fn put_bytes(ops: &[Op]) -> u64 {
+    ops.iter()
+        .map(|op| match op {
+            Op::Put { value, .. } => value.len() as u64,
+            Op::Delete(_) => 0,
+        })
+        .sum()
+}
+
 fn parity(batch: u64) -> usize {
     usize::from(batch & 1 == 1)
 }
 
-/// What the commit leader owns: the fence reservation in the file and the journal (none for a
-/// store in memory).
+/// What the commit leader owns: the journal (none for a store in memory).
 struct Writer {
-    file: FileState,
     journal: Option<Journal>,
     checkpoints: Arc<AtomicU64>,
     observer: Observer,
 }
 
 impl Writer {
-    /// Makes `ops` durable: appended to the journal and synced, then applied to redb without a
-    /// sync; or, when the journal is full (or absent), committed durably into redb, which
-    /// checkpoints everything before them too.
-    /// Returns by how much the batch changed the records' bytes.
-    ///
-    /// The gauges are brought up to date here, by the leader with the state unlocked: a commit
-    /// stats the store file.
-    fn commit(&mut self, db: &Database, ops: &[Op]) -> Result<i64> {
-        let bytes = self.make_durable(db, ops)?;
-        self.observer.committed(ops.len());
-        Ok(bytes)
-    }
-
-    fn make_durable(&mut self, db: &Database, ops: &[Op]) -> Result<i64> {
-        let Some(journal) = &mut self.journal else {
-            return write_batch(db, ops, &mut self.file, Commit::Durable);
-        };
-        let lap = Lap::start();
-        match journal.append(ops)? {
-            Appended::Durable => {
-                self.observer.synced(&lap);
-                write_batch(db, ops, &mut self.file, Commit::Journaled)
-            }
-            Appended::Full => {
-                let lap = Lap::start();
-                let bytes = journal.checkpoint(db, ops, &mut self.file)?;
-                self.checkpoints.fetch_add(1, Ordering::Relaxed);
-                self.observer.checkpointed(ops.len(), &lap);
-                Ok(bytes)
-            }
-        }
-    }
-
-    /// At a clean close: a checkpoint, so that the journal holds nothing the store file lacks.
-    /// Damage to the journal's last entry (which cannot be told from a crash's torn write) then
-    /// loses nothing, and the next open has nothing to replay.
-    fn close(&mut self, db: &Database) -> Result<()> {
+    /// At a clean close, once redb holds every batch: a checkpoint, so that the journal holds
+    /// nothing the store file lacks. Damage to the journal's last entry (which cannot be told
+    /// from a crash's torn write) then loses nothing, and the next open has nothing to replay.
+    fn close(&mut self, db: &Database, file: &mut FileState) -> Result<()> {
         match &mut self.journal {
-            Some(journal) if journal.has_entries() => {
-                journal.checkpoint(db, &[], &mut self.file).map(drop)
-            }
+            Some(journal) if journal.has_entries() => journal.checkpoint(db, &[], file).map(drop),
             _ => Ok(()),
         }
     }
@@ -532,7 +848,8 @@ fn flush_loop(pipeline: &Weak<Pipeline>, signal: &FlushSignal) {
 
 impl Drop for Pipeline {
     fn drop(&mut self) {
-        if !self.poisoned.load(Ordering::Acquire) && !std::thread::panicking() {
+        let clean = !self.poisoned.load(Ordering::Acquire) && !std::thread::panicking();
+        if clean {
             // Ops nobody waits for (a withdrawn claim's release, a completion whose future was
             // dropped) still land when the store is closed cleanly; a failure here changes
             // nothing that was acknowledged.
@@ -540,18 +857,26 @@ impl Drop for Pipeline {
             if !s.queue.is_empty() && s.halted.is_none() && !s.committing {
                 let _ = self.lead(&mut s);
             }
+        }
+        self.stop_applier();
+        if clean && !self.poisoned.load(Ordering::Acquire) {
+            let shared = &*self.shared;
+            let mut s = shared.state.lock();
             if s.halted.is_none() && !s.committing {
-                if let (Some(writer), Some(db)) = (s.writer.as_mut(), self.db.get_mut().as_ref()) {
-                    let closed =
-                        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| writer.close(db)));
+                let db = shared.db.read();
+                if let (Some(writer), Some(db)) = (s.writer.as_mut(), db.as_ref()) {
+                    let mut file = shared.file.lock();
+                    let closed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        writer.close(db, &mut file)
+                    }));
                     if closed.is_err() {
-                        self.poisoned.store(true, Ordering::Release);
+                        shared.poisoned.store(true, Ordering::Release);
                     }
                 }
             }
         }
         self.flusher.shut_down();
-        let Some(db) = self.db.get_mut().take() else {
+        let Some(db) = self.db.write().take() else {
             return;
         };
         if self.poisoned.load(Ordering::Acquire) || std::thread::panicking() {

@@ -73,7 +73,11 @@ pub(crate) fn in_memory(config: Config) -> Result<FileStore> {
 
 /// A store on the simulated disk of the crash tests.
 #[cfg(any(test, fuzzing, feature = "simulation"))]
-pub(crate) fn simulated(config: Config, disk: &crate::simulation::SimDisk) -> Result<FileStore> {
+pub(crate) fn simulated(
+    mut config: Config,
+    disk: &crate::simulation::SimDisk,
+) -> Result<FileStore> {
+    config.background_apply = false;
     contain_panics(|| {
         let open = |cache, check| -> Result<redb::Database> {
             Ok(redb::Builder::new()

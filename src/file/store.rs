@@ -79,6 +79,7 @@ impl FileStore {
                     loaded.file,
                     loaded.record_bytes,
                     journal,
+                    config.background_apply,
                     on_halt,
                     config.observer.clone(),
                 )),
@@ -197,9 +198,14 @@ impl FileStore {
         };
         let value = record.encode(&key.bytes);
         if let (Some(limit), None) = (inner.config.max_store_bytes, &replaces) {
-            let bytes = inner.pipeline.record_bytes();
-            if bytes.saturating_add(value.len() as u64) > limit {
-                return Err(Error::StoreFull { bytes, limit });
+            let over = |bytes: u64| bytes.saturating_add(value.len() as u64) > limit;
+            // The bound needs no wait for the applier; only a claim it refuses waits, to count
+            // what the answered writes deleted too.
+            if over(inner.pipeline.record_bytes_bound()) {
+                let bytes = inner.pipeline.record_bytes();
+                if over(bytes) {
+                    return Err(Error::StoreFull { bytes, limit });
+                }
             }
         }
         // Only a record for a key that holds none counts against its tenant.

@@ -659,7 +659,7 @@ mod tests {
                         key: format!("key{i}").into_bytes().into(),
                         value: vec![u8::try_from(i % 256).unwrap(); usize::try_from(i).unwrap()],
                         expiry: (i % 2 == 0).then_some(i + 1),
-                        replaces: (i % 4 == 1).then_some(Gone {
+                        replaces: (i % 4 == 1).then(|| Gone {
                             fence: i - 1,
                             expiry: None,
                         }),
