@@ -69,12 +69,16 @@ pub(crate) struct Shared {
     /// wakes the callers it made durable, and one caller of the next batch to lead it, instead
     /// of every waiter (half of whom would only go back to sleep).
     done: [Condvar; 2],
+    /// What the applier shares with the leader and with readers (never locked while `state`
+    /// is wanted: the lock order is `state`, then `apply`).
+    apply: Mutex<Applying>,
     /// Signalled when `applied` moves, or the pipeline halts: readers and checkpoints wait
     /// here for the applier.
     applied_signal: Condvar,
-    /// Signalled when a batch joins the backlog, or the applier is to exit.
+    /// Signalled when the applier is wanted: a batch joined the backlog while it slept, a
+    /// reader waits for it, or it is to exit.
     backlog_signal: Condvar,
-    /// `State::durable` and `State::applied`, readable without the lock: a read waits only
+    /// `State::durable` and `Applying::applied`, readable without a lock: a read waits only
     /// when the first is ahead.
     durable_seq: AtomicU64,
     applied_seq: AtomicU64,
@@ -107,8 +111,6 @@ struct State {
     next: u64,
     /// Every op numbered below this is durable.
     durable: u64,
-    /// Every op numbered below this is in the redb file.
-    applied: u64,
     committing: bool,
     /// Batches started; the running one, while `committing`.
     batch: u64,
@@ -119,12 +121,20 @@ struct State {
     writer: Option<Writer>,
     /// Async callers waiting for their op: (sequence number, waker).
     wakers: Vec<(u64, Waker)>,
+}
+
+/// The batches between the journal and redb.
+struct Applying {
     /// Durable batches redb does not hold yet, oldest first.
     backlog: VecDeque<Journaled>,
+    /// Every op numbered below this is in the redb file.
+    applied: u64,
     /// The applier is applying batches it took from `backlog`.
-    applying: bool,
+    busy: bool,
+    /// The applier sleeps until woken: the backlog was empty for [`APPLY_DELAY`].
+    idle: bool,
     /// The applier exits once `backlog` is empty.
-    applier_exit: bool,
+    exit: bool,
 }
 
 /// A batch the journal holds and redb does not yet.
@@ -147,6 +157,16 @@ enum Made {
 
 const FLUSHER_NAME: &str = "idemdb-flush";
 const APPLIER_NAME: &str = "idemdb-apply";
+
+/// How long the applier, having emptied the backlog, waits for more batches before it sleeps
+/// until woken. While it waits, a leader adds its batch without waking it (a wake-up costs the
+/// leader, on the callers' path, a `futex` call and an inter-processor interrupt), and the
+/// batches that arrive meanwhile are applied in one redb transaction. A reader or a checkpoint
+/// that needs them applied wakes it at once.
+const APPLY_DELAY: std::time::Duration = std::time::Duration::from_millis(1);
+
+/// The applier is woken, whatever it is doing, once the backlog holds this many batches.
+const MAX_BACKLOG: usize = 256;
 
 /// Tells the flusher thread there is an async caller to serve, or that the store is closing.
 /// The thread holds only this and a `Weak` to the pipeline while idle, and the store's drop
@@ -221,7 +241,6 @@ impl Pipeline {
                 queue: Vec::new(),
                 next: 0,
                 durable: 0,
-                applied: 0,
                 committing: false,
                 batch: 0,
                 committing_upto: 0,
@@ -232,9 +251,13 @@ impl Pipeline {
                     observer: observer.clone(),
                 }),
                 wakers: Vec::new(),
+            }),
+            apply: Mutex::new(Applying {
                 backlog: VecDeque::new(),
-                applying: false,
-                applier_exit: false,
+                applied: 0,
+                busy: false,
+                idle: true,
+                exit: false,
             }),
             done: [Condvar::new(), Condvar::new()],
             applied_signal: Condvar::new(),
@@ -324,7 +347,7 @@ impl Pipeline {
         let Some(handle) = self.applier.lock().take() else {
             return;
         };
-        self.state.lock().applier_exit = true;
+        self.apply.lock().exit = true;
         self.backlog_signal.notify_all();
         // The loop contains redb's panics; a join error would be a bug in the loop itself, and
         // a drop must not panic.
@@ -363,17 +386,17 @@ impl Shared {
     /// # Errors
     /// [`Error::Halted`] if the pipeline halted and nothing more will be applied.
     fn wait_applied(&self, seq: u64) -> Result<()> {
-        let mut s = self.state.lock();
+        let mut a = self.apply.lock();
         loop {
-            if s.applied >= seq {
+            if a.applied >= seq {
                 return Ok(());
             }
-            if let Some(cause) = &s.halted {
-                if s.backlog.is_empty() && !s.applying {
-                    return Err(halted(cause));
-                }
+            if self.is_halted() && a.backlog.is_empty() && !a.busy {
+                drop(a);
+                return Err(self.halted_error());
             }
-            self.applied_signal.wait(&mut s);
+            self.backlog_signal.notify_one();
+            self.applied_signal.wait(&mut a);
         }
     }
 
@@ -398,20 +421,19 @@ impl Shared {
             return false;
         }
         let mut s = self.state.lock();
-        self.drop_backlog(&mut s);
-        loop {
-            if s.committing {
-                let batch = s.batch;
-                self.done[parity(batch)].wait(&mut s);
-            } else if s.applying {
-                self.applied_signal.wait(&mut s);
-            } else {
-                break;
-            }
+        while s.committing {
+            let batch = s.batch;
+            self.done[parity(batch)].wait(&mut s);
         }
         // The journal's file handle goes with the writer; the pipeline never leads again.
         drop(s.writer.take());
         drop(s);
+        let mut a = self.apply.lock();
+        self.drop_backlog(&mut a);
+        while a.busy {
+            self.applied_signal.wait(&mut a);
+        }
+        drop(a);
         let Some(db) = self.db.write().take() else {
             return true;
         };
@@ -566,7 +588,8 @@ impl Shared {
                 match made {
                     Made::Committed(bytes) => {
                         self.add_record_bytes(bytes);
-                        s.applied = upto;
+                        let mut a = self.apply.lock();
+                        a.applied = upto;
                         self.applied_seq.store(upto, Ordering::Release);
                         self.applied_signal.notify_all();
                     }
@@ -574,12 +597,17 @@ impl Shared {
                         let put_bytes = put_bytes(&batch);
                         self.backlog_put_bytes
                             .fetch_add(put_bytes, Ordering::Relaxed);
-                        s.backlog.push_back(Journaled {
+                        let mut a = self.apply.lock();
+                        a.backlog.push_back(Journaled {
                             ops: batch,
                             upto,
                             put_bytes,
                         });
-                        self.backlog_signal.notify_one();
+                        let wake = a.idle || a.backlog.len() >= MAX_BACKLOG;
+                        drop(a);
+                        if wake {
+                            self.backlog_signal.notify_one();
+                        }
                     }
                     Made::Journaled => apply_here = Some(batch),
                 }
@@ -597,7 +625,11 @@ impl Shared {
         self.wake_async(s);
         if let Some(ops) = apply_here {
             let applied = MutexGuard::unlocked(s, || self.apply(&ops));
-            if let Err(e) = self.applied(s, applied, upto) {
+            let applied = self.applied(&mut self.apply.lock(), applied, upto);
+            if let Err(e) = applied {
+                if s.halted.is_none() {
+                    self.halt(s, format!("applying a journaled batch: {e}"));
+                }
                 outcome = Err(e);
             }
         }
@@ -660,27 +692,14 @@ impl Shared {
         })
     }
 
-    /// Records the outcome of applying every batch before `upto`; a failure halts.
-    fn applied(
-        &self,
-        s: &mut MutexGuard<'_, State>,
-        outcome: Result<i64>,
-        upto: u64,
-    ) -> Result<()> {
-        let result = match outcome {
-            Ok(bytes) => {
-                self.add_record_bytes(bytes);
-                s.applied = upto;
-                self.applied_seq.store(upto, Ordering::Release);
-                Ok(())
-            }
-            Err(e) => {
-                if s.halted.is_none() {
-                    self.halt(s, format!("applying a journaled batch: {e}"));
-                }
-                Err(e)
-            }
-        };
+    /// Records the outcome of applying every batch before `upto`. The caller halts the
+    /// pipeline on a failure (with `apply` unlocked: the lock order is `state`, then `apply`).
+    fn applied(&self, a: &mut Applying, outcome: Result<i64>, upto: u64) -> Result<()> {
+        let result = outcome.map(|bytes| {
+            self.add_record_bytes(bytes);
+            a.applied = upto;
+            self.applied_seq.store(upto, Ordering::Release);
+        });
         self.applied_signal.notify_all();
         result
     }
@@ -688,16 +707,26 @@ impl Shared {
     /// The `idemdb-apply` thread: applies the backlog in order, every batch waiting at once
     /// in one redb transaction, until told to exit with nothing left.
     fn apply_loop(&self) {
-        let mut s = self.state.lock();
+        let mut a = self.apply.lock();
         loop {
-            if s.backlog.is_empty() {
-                if s.applier_exit {
+            if a.backlog.is_empty() {
+                if a.exit {
                     return;
                 }
-                self.backlog_signal.wait(&mut s);
+                if a.idle {
+                    self.backlog_signal.wait(&mut a);
+                } else if self
+                    .backlog_signal
+                    .wait_for(&mut a, APPLY_DELAY)
+                    .timed_out()
+                    && a.backlog.is_empty()
+                {
+                    a.idle = true;
+                }
                 continue;
             }
-            let mut waiting = s.backlog.drain(..);
+            a.idle = false;
+            let mut waiting = a.backlog.drain(..);
             let Journaled {
                 mut ops,
                 mut upto,
@@ -708,29 +737,34 @@ impl Shared {
                 upto = more.upto;
                 put_bytes += more.put_bytes;
             }
-            s.applying = true;
-            let applied = MutexGuard::unlocked(&mut s, || {
+            a.busy = true;
+            let applied = MutexGuard::unlocked(&mut a, || {
                 #[cfg(test)]
                 let _gate = self.apply_gate.lock();
                 let applied = self.apply(&ops);
                 drop(ops);
                 applied
             });
-            s.applying = false;
+            a.busy = false;
             self.backlog_put_bytes
                 .fetch_sub(put_bytes, Ordering::Relaxed);
-            // A failure halts the pipeline; what is left in the backlog is in the journal.
-            let _ = self.applied(&mut s, applied, upto);
-            if s.halted.is_some() {
-                self.drop_backlog(&mut s);
+            if let Err(e) = self.applied(&mut a, applied, upto) {
+                // What is left in the backlog is in the journal, which the reopen replays.
+                self.drop_backlog(&mut a);
+                MutexGuard::unlocked(&mut a, || {
+                    let mut s = self.state.lock();
+                    if s.halted.is_none() {
+                        self.halt(&mut s, format!("applying a journaled batch: {e}"));
+                    }
+                });
             }
         }
     }
 
     /// After a halt: the batches left to apply are never applied by this pipeline (the
     /// journal holds them, and the reopen replays them).
-    fn drop_backlog(&self, s: &mut MutexGuard<'_, State>) {
-        let dropped: u64 = s.backlog.drain(..).map(|batch| batch.put_bytes).sum();
+    fn drop_backlog(&self, a: &mut Applying) {
+        let dropped: u64 = a.backlog.drain(..).map(|batch| batch.put_bytes).sum();
         self.backlog_put_bytes.fetch_sub(dropped, Ordering::Relaxed);
         self.applied_signal.notify_all();
     }
@@ -763,6 +797,8 @@ impl Shared {
         for done in &self.done {
             done.notify_all();
         }
+        // Under `apply`, so that a reader between its look at `halted` and its wait sees it.
+        drop(self.apply.lock());
         self.applied_signal.notify_all();
         self.wake_async(s);
         MutexGuard::unlocked(s, || (self.on_halt)());
