@@ -1,0 +1,166 @@
+//! File size under TTL churn: the bytes of the store file and its journal per live record,
+//! after a fresh load and after simulated days of churn with purges. Prints one table.
+//!
+//! `cargo bench --bench churn` (1 million live records, about 2 minutes and 2 GB of disk), or
+//! `IDEMDB_CHURN_KEYS=10000000 cargo bench --bench churn`. The store is made anew in
+//! `IDEMDB_BENCH_DIR` (or `CARGO_TARGET_TMPDIR`) as `churn-<N>.idem` and deleted at the end.
+//!
+//! A manual clock drives a 24 h TTL. Day 1 loads N requests (claim, then complete with a
+//! 256-byte response; keys of 36 characters, the length of a UUID, over 4 tenants) in 96
+//! steps of 15 simulated minutes. Days 2 and 3 add N new requests a day the same way, and every
+//! step purges what expired, so the store holds about N live records throughout, each written
+//! once and deleted a day later: a service at steady state. A row is printed at the end of each
+//! day: the live records, the records' own bytes (`Stats::stored_bytes`), the store file and
+//! the journal on disk, and the file bytes per live record.
+
+use idemdb::{Claim, Fingerprint, ManualClock, Response, Scope, Store};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+#[allow(dead_code)] // shared with the other benches, which use all of it
+mod common;
+use common::SplitMix64;
+
+const RESPONSE_LEN: usize = 256;
+const IN_FLIGHT: usize = 8192;
+const STEPS_PER_DAY: u64 = 96;
+const DAYS: u64 = 3;
+
+fn main() {
+    let n: u64 = std::env::var("IDEMDB_CHURN_KEYS").map_or(1_000_000, |s| {
+        s.parse().expect("IDEMDB_CHURN_KEYS: a number")
+    });
+    let dir = std::env::var_os("IDEMDB_BENCH_DIR")
+        .or_else(|| std::env::var_os("CARGO_TARGET_TMPDIR"))
+        .map_or_else(std::env::temp_dir, PathBuf::from);
+    let path = dir.join(format!("churn-{n}.idem"));
+    let journal = journal_path(&path);
+    remove(&path);
+    remove(&journal);
+    let clock = ManualClock::new();
+    let store = Store::builder()
+        .ttl(Duration::from_secs(24 * 3600))
+        .clock(clock.clone())
+        .open(&path)
+        .expect("open");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("tokio runtime");
+    let per_step = n.div_ceil(STEPS_PER_DAY);
+    let step = Duration::from_secs(24 * 3600 / STEPS_PER_DAY);
+    println!(
+        "{:<28} {:>12} {:>14} {:>14} {:>12} {:>14} {:>8}",
+        "after", "live", "record B/live", "store file", "journal", "file B/live", "time"
+    );
+    let started = Instant::now();
+    let mut next = 0u64;
+    let mut purged = 0usize;
+    for day in 1..=DAYS {
+        for _ in 0..STEPS_PER_DAY {
+            let from = next;
+            next += per_step;
+            runtime.block_on(load(&store, from..next));
+            clock.advance(step);
+            if day > 1 {
+                purged += store.purge_expired().expect("purge");
+            }
+        }
+        let stats = store.stats();
+        let store_bytes = file_len(&path);
+        let journal_bytes = file_len(&journal);
+        let live = stats.live_records.max(1);
+        let what = if day == 1 {
+            "day 1 (fresh load)".to_owned()
+        } else {
+            format!("day {day} ({purged} purged so far)")
+        };
+        println!(
+            "{:<28} {:>12} {:>14} {:>14} {:>12} {:>14} {:>7.0}s",
+            what,
+            stats.live_records,
+            stats.stored_bytes / live,
+            store_bytes,
+            journal_bytes,
+            (store_bytes + journal_bytes) / live,
+            started.elapsed().as_secs_f64()
+        );
+    }
+    drop(store);
+    println!(
+        "after a clean close: store file {} bytes, journal {} bytes",
+        file_len(&path),
+        file_len(&journal)
+    );
+    remove(&path);
+    remove(&journal);
+}
+
+/// Claim + complete of the keys numbered `keys`, `IN_FLIGHT` at a time.
+async fn load(store: &Store, keys: std::ops::Range<u64>) {
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in keys {
+        if tasks.len() == IN_FLIGHT {
+            tasks.join_next().await.expect("a task").expect("no panic");
+        }
+        let store = store.clone();
+        tasks.spawn(async move {
+            let claim = store.claim_async(&scope(i), &key(i), fingerprint(i)).await;
+            let Ok(Claim::Acquired(ticket)) = claim else {
+                panic!("a new key is acquired: {claim:?}")
+            };
+            store
+                .complete_async(ticket, Response::new(201, body(i)))
+                .await
+                .expect("complete");
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        done.expect("no panic");
+    }
+}
+
+fn scope(i: u64) -> Scope {
+    Scope::new(format!("tenant_{:02}", i % 4), "POST /v1/payments")
+}
+
+/// A UUID-shaped key: 36 characters.
+fn key(i: u64) -> String {
+    let mut r = SplitMix64::derive(0xc4u64 << 32, i, 0);
+    let (a, b) = (r.next_u64(), r.next_u64());
+    format!(
+        "{:08x}-{:04x}-{:04x}-{:04x}-{:012x}",
+        a >> 32,
+        (a >> 16) & 0xffff,
+        a & 0xffff,
+        b >> 48,
+        b & 0xffff_ffff_ffff
+    )
+}
+
+fn fingerprint(i: u64) -> Fingerprint {
+    Fingerprint::of(format!("amount={}", i % 10_000).as_bytes())
+}
+
+fn body(i: u64) -> Vec<u8> {
+    let mut b = SplitMix64::new(0xb0d7).ascii(RESPONSE_LEN).into_bytes();
+    b[..8].copy_from_slice(&i.to_le_bytes());
+    b
+}
+
+fn journal_path(path: &Path) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push("-journal");
+    PathBuf::from(name)
+}
+
+fn file_len(path: &Path) -> u64 {
+    std::fs::metadata(path).map_or(0, |m| m.len())
+}
+
+fn remove(path: &Path) {
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => panic!("removing {}: {e}", path.display()),
+    }
+}
