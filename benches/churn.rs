@@ -13,7 +13,7 @@
 //! day: the live records, the records' own bytes (`Stats::stored_bytes`), the store file and
 //! the journal on disk, and the file bytes per live record.
 
-use idemdb::{Claim, Fingerprint, ManualClock, Response, Scope, Store};
+use idemdb::{Fingerprint, ManualClock, Scope, Store};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -43,9 +43,6 @@ fn main() {
         .clock(clock.clone())
         .open(&path)
         .expect("open");
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .expect("tokio runtime");
     let per_step = n.div_ceil(STEPS_PER_DAY);
     let step = Duration::from_secs(24 * 3600 / STEPS_PER_DAY);
     println!(
@@ -59,7 +56,9 @@ fn main() {
         for _ in 0..STEPS_PER_DAY {
             let from = next;
             next += per_step;
-            runtime.block_on(load(&store, from..next));
+            common::claim_and_complete(&store, from..next, IN_FLIGHT, |i| {
+                (scope(i), key(i), fingerprint(i), body(i))
+            });
             clock.advance(step);
             if day > 1 {
                 purged += store.purge_expired().expect("purge");
@@ -93,30 +92,6 @@ fn main() {
     );
     remove(&path);
     remove(&journal);
-}
-
-/// Claim + complete of the keys numbered `keys`, `IN_FLIGHT` at a time.
-async fn load(store: &Store, keys: std::ops::Range<u64>) {
-    let mut tasks = tokio::task::JoinSet::new();
-    for i in keys {
-        if tasks.len() == IN_FLIGHT {
-            tasks.join_next().await.expect("a task").expect("no panic");
-        }
-        let store = store.clone();
-        tasks.spawn(async move {
-            let claim = store.claim_async(&scope(i), &key(i), fingerprint(i)).await;
-            let Ok(Claim::Acquired(ticket)) = claim else {
-                panic!("a new key is acquired: {claim:?}")
-            };
-            store
-                .complete_async(ticket, Response::new(201, body(i)))
-                .await
-                .expect("complete");
-        });
-    }
-    while let Some(done) = tasks.join_next().await {
-        done.expect("no panic");
-    }
 }
 
 fn scope(i: u64) -> Scope {

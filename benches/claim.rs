@@ -48,6 +48,7 @@ use std::sync::Barrier;
 use std::time::{Duration, Instant};
 use tempfile::TempDir;
 
+#[allow(dead_code)] // shared with the other benches, which use all of it
 mod common;
 use common::{SplitMix64, KEY_LEN};
 

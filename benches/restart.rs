@@ -258,30 +258,8 @@ fn child(spec: &str) {
 
 fn make(path: &Path, n: u64) {
     let store = open(path);
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .expect("tokio runtime");
-    runtime.block_on(async {
-        let mut tasks = tokio::task::JoinSet::new();
-        for i in 0..n {
-            if tasks.len() == IN_FLIGHT {
-                tasks.join_next().await.expect("a task").expect("no panic");
-            }
-            let store = store.clone();
-            tasks.spawn(async move {
-                let claim = store.claim_async(&scope(i), &key(i), fingerprint(i)).await;
-                let Ok(Claim::Acquired(ticket)) = claim else {
-                    panic!("a new key is acquired: {claim:?}")
-                };
-                store
-                    .complete_async(ticket, Response::new(201, body(i)))
-                    .await
-                    .expect("complete");
-            });
-        }
-        while let Some(done) = tasks.join_next().await {
-            done.expect("no panic");
-        }
+    common::claim_and_complete(&store, 0..n, IN_FLIGHT, |i| {
+        (scope(i), key(i), fingerprint(i), body(i))
     });
 }
 

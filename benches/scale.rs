@@ -31,6 +31,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Barrier;
 use std::time::{Duration, Instant, SystemTime};
 
+#[allow(dead_code)] // shared with the other benches, which use all of it
 mod common;
 use common::{SplitMix64, KEY_LEN};
 

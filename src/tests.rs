@@ -249,6 +249,52 @@ fn a_replay_between_the_answer_and_the_apply_waits_for_the_apply() {
     }
 }
 
+/// A checkpoint makes the journal's entries dead, so it must come after redb holds every
+/// earlier batch: a checkpoint that overtook the applier would raise the epoch over batches the
+/// file lacks, and a crash after it would lose them, answered as they were. With the applier
+/// held, claims that fill a 4 KiB journal wait; none checkpoints until the applier catches up.
+#[test]
+fn a_checkpoint_waits_until_every_earlier_batch_is_applied() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = StoreBuilder::default()
+        .journal_size(4096)
+        .open(dir.path().join("store.idem"))
+        .unwrap();
+    #[allow(irrefutable_let_patterns)]
+    let crate::store::Engine::File(healing) = &store.engine
+    else {
+        unreachable!("a store on a file is a file engine")
+    };
+    let file = healing.current();
+    let pipeline = &file.inner.pipeline;
+    let gate = pipeline.apply_gate.lock();
+    std::mem::forget(acquire(&store, "first"));
+    let filler = std::thread::spawn({
+        let store = store.clone();
+        move || {
+            for i in 0..60 {
+                std::mem::forget(acquire(&store, &format!("k{i}")));
+            }
+        }
+    });
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert_eq!(
+        pipeline.checkpoints(),
+        0,
+        "a checkpoint ran while an answered batch was not yet applied"
+    );
+    assert!(!filler.is_finished(), "the journal never filled");
+    drop(gate);
+    filler.join().unwrap();
+    assert!(pipeline.checkpoints() >= 1);
+    for i in 0..60 {
+        assert!(matches!(
+            store.claim(&scope(), &format!("k{i}"), fp()).unwrap(),
+            Claim::InProgress { .. }
+        ));
+    }
+}
+
 /// Regression (found by the `open_file` fuzz target): a file whose fence reservation (or a
 /// record's fence) was at `u64::MAX` made the open overflow the fence counter: a panic in debug
 /// builds, and in release a counter that wraps and reissues fences. It is now `Corrupted`.

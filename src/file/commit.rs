@@ -78,14 +78,15 @@ pub(crate) struct Shared {
     /// Signalled when the applier is wanted: a batch joined the backlog while it slept, a
     /// reader waits for it, or it is to exit.
     backlog_signal: Condvar,
-    /// `State::durable` and `Applying::applied`, readable without a lock: a read waits only
-    /// when the first is ahead.
+    /// `State::durable`, readable without the lock.
     durable_seq: AtomicU64,
+    /// Every op numbered below this is in the redb file. Raised only under `apply`; read
+    /// without a lock by a read, which waits only when `durable_seq` is ahead of it.
     applied_seq: AtomicU64,
     halted: AtomicBool,
     batches: AtomicU64,
     /// The bytes of every record's value in the file as of the last apply (changed only under
-    /// `state`).
+    /// `apply`).
     record_bytes: AtomicU64,
     /// The bytes of the values the backlog's batches write (removals not subtracted).
     backlog_put_bytes: AtomicU64,
@@ -127,8 +128,6 @@ struct State {
 struct Applying {
     /// Durable batches redb does not hold yet, oldest first.
     backlog: VecDeque<Journaled>,
-    /// Every op numbered below this is in the redb file.
-    applied: u64,
     /// The applier is applying batches it took from `backlog`.
     busy: bool,
     /// The applier sleeps until woken: the backlog was empty for [`APPLY_DELAY`].
@@ -254,7 +253,6 @@ impl Pipeline {
             }),
             apply: Mutex::new(Applying {
                 backlog: VecDeque::new(),
-                applied: 0,
                 busy: false,
                 idle: true,
                 exit: false,
@@ -365,10 +363,7 @@ impl Shared {
     /// [`Error::Halted`] once the files were released, or if the pipeline halted before redb
     /// held what the read must see; the read's own errors.
     pub(crate) fn read<T>(&self, read: impl FnOnce(&Database) -> Result<T>) -> Result<T> {
-        let durable = self.durable_seq.load(Ordering::Acquire);
-        if self.applied_seq.load(Ordering::Acquire) < durable {
-            self.wait_applied(durable)?;
-        }
+        self.settle()?;
         let db = self.db.read();
         let Some(db) = db.as_ref() else {
             return Err(self.halted_error());
@@ -381,6 +376,18 @@ impl Shared {
         )
     }
 
+    /// Returns once redb holds every batch answered so far (at once when nothing is behind).
+    ///
+    /// # Errors
+    /// As [`Shared::wait_applied`].
+    fn settle(&self) -> Result<()> {
+        let durable = self.durable_seq.load(Ordering::Acquire);
+        if self.applied_seq.load(Ordering::Acquire) < durable {
+            self.wait_applied(durable)?;
+        }
+        Ok(())
+    }
+
     /// Returns once redb holds every op numbered below `seq`.
     ///
     /// # Errors
@@ -388,7 +395,7 @@ impl Shared {
     fn wait_applied(&self, seq: u64) -> Result<()> {
         let mut a = self.apply.lock();
         loop {
-            if a.applied >= seq {
+            if self.applied_seq.load(Ordering::Acquire) >= seq {
                 return Ok(());
             }
             if self.is_halted() && a.backlog.is_empty() && !a.busy {
@@ -471,10 +478,7 @@ impl Shared {
     /// The bytes of the records' values as of the last answered batch: once redb holds it
     /// (as of the last apply, if the pipeline halted with batches left to apply).
     pub(crate) fn record_bytes(&self) -> u64 {
-        let durable = self.durable_seq.load(Ordering::Acquire);
-        if self.applied_seq.load(Ordering::Acquire) < durable {
-            let _ = self.wait_applied(durable);
-        }
+        let _ = self.settle();
         self.record_bytes.load(Ordering::Relaxed)
     }
 
@@ -587,11 +591,7 @@ impl Shared {
                 writer.observer.committed(batch.len());
                 match made {
                     Made::Committed(bytes) => {
-                        self.add_record_bytes(bytes);
-                        let mut a = self.apply.lock();
-                        a.applied = upto;
-                        self.applied_seq.store(upto, Ordering::Release);
-                        self.applied_signal.notify_all();
+                        let _ = self.applied(&mut self.apply.lock(), Ok(bytes), upto);
                     }
                     Made::Journaled if self.background => {
                         let put_bytes = put_bytes(&batch);
@@ -692,12 +692,12 @@ impl Shared {
         })
     }
 
-    /// Records the outcome of applying every batch before `upto`. The caller halts the
-    /// pipeline on a failure (with `apply` unlocked: the lock order is `state`, then `apply`).
-    fn applied(&self, a: &mut Applying, outcome: Result<i64>, upto: u64) -> Result<()> {
+    /// Records the outcome of applying every batch before `upto`, with `apply` locked (the
+    /// caller's guard is `_locked`). The caller halts the pipeline on a failure, with `apply`
+    /// unlocked: the lock order is `state`, then `apply`.
+    fn applied(&self, _locked: &mut Applying, outcome: Result<i64>, upto: u64) -> Result<()> {
         let result = outcome.map(|bytes| {
             self.add_record_bytes(bytes);
-            a.applied = upto;
             self.applied_seq.store(upto, Ordering::Release);
         });
         self.applied_signal.notify_all();
