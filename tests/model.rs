@@ -1600,6 +1600,15 @@ impl Harness {
             prop_assert!(st.offered.is_empty(), "a halted store ran a resolver");
             return self.expect_halted("reap", result);
         }
+        if st.halted_at.is_none()
+            && matches!(result, Err(Error::Halted { .. }))
+            && self.halted_after_an_answer(result.as_ref().expect_err("matched"))
+        {
+            // A call the resolver made was answered, then its redb apply failed and halted
+            // the store, which refused the next resolution the reap queued.
+            st.pending = None;
+            st.halted_at = Some((st.unsynced, st.resolved));
+        }
         if let Some((unsynced, resolved)) = st.halted_at {
             // A call the resolver made failed in its commit, which carried the resolutions the
             // reap had queued since the last commit. The store halted, so the reap fails; but
@@ -1688,7 +1697,13 @@ impl Harness {
         }
         // The previous decision has been applied by now.
         self.apply_decision(st);
+        let was_halted = self.halted();
         self.check_all()?;
+        if !was_halted && self.halted() {
+            // A read found the store halted by a redb apply that failed after the resolver's
+            // last call was answered: the reap queues nothing from now on.
+            st.halted_at = Some((st.unsynced, st.resolved));
+        }
         if !self.model.not_durable.is_empty() {
             self.hit("resolver saw a completion not yet durable");
         }
