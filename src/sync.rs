@@ -2,9 +2,7 @@
 //! checker or a different lock implementation can be swapped in here alone.
 
 pub(crate) use parking_lot::{Condvar, Mutex, MutexGuard, RwLock};
-#[cfg(feature = "postgres")]
-pub(crate) use std::sync::atomic::AtomicUsize;
-pub(crate) use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+pub(crate) use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 pub(crate) use std::sync::{Arc, Weak};
 
 /// A waker that unparks the calling thread: what a thread that parks between polls (or

@@ -882,3 +882,46 @@ fn an_open_reads_no_record_and_a_damaged_one_is_an_error_when_read() {
         Claim::InProgress { .. }
     ));
 }
+
+/// Regression: the last `Store` dropped while the healer thread held the store (after a
+/// successful attempt, before the thread returned) returned at once, and the healer closed the
+/// store later, on its own thread. A caller reopening the file meanwhile had two redb handles
+/// writing it: the heal tests failed now and then with "File truncated below stored layout"
+/// after a power loss, the stale handle's header over the new one's pages. The drop now stops
+/// and joins the healer, so nothing writes the disk once it returns.
+#[test]
+fn dropping_the_last_store_while_the_healer_holds_it_closes_the_file_before_drop_returns() {
+    use crate::file::heal::HOLD_HEALER;
+    use std::sync::atomic::Ordering;
+    use std::time::{Duration, Instant};
+    let disk = SimDisk::new();
+    let store = StoreBuilder::default()
+        .heal_after(Some(Duration::from_millis(1)))
+        .open_simulated(&disk)
+        .unwrap();
+    std::mem::forget(acquire(&store, "before"));
+    HOLD_HEALER.store(true, Ordering::Release);
+    disk.fail_sync_after(0, true);
+    assert!(store.claim(&scope(), "during", fp()).is_err());
+    disk.clear_faults();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while store.get(&scope(), "before").is_err() {
+        assert!(Instant::now() < deadline, "the store did not heal");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // Healed; the healer thread is held with the store in hand.
+    let release = std::thread::spawn(|| {
+        std::thread::sleep(Duration::from_millis(100));
+        HOLD_HEALER.store(false, Ordering::Release);
+    });
+    drop(store);
+    let events = disk.events();
+    release.join().unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(
+        disk.events(),
+        events,
+        "the disk was written after the last Store's drop returned"
+    );
+    assert!(open(&disk).get(&scope(), "before").unwrap().is_some());
+}

@@ -34,7 +34,7 @@
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::file::store::FileStore;
-use crate::sync::{Arc, Mutex, Ordering, RwLock, Weak};
+use crate::sync::{Arc, AtomicUsize, Condvar, Mutex, Ordering, RwLock};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -42,6 +42,10 @@ use std::time::Duration;
 pub(crate) const MAX_DELAY: Duration = Duration::from_secs(10);
 
 const HEALER_NAME: &str = "idemdb-heal";
+
+/// Tests hold healer threads here, after an attempt, while it is set.
+#[cfg(test)]
+pub(crate) static HOLD_HEALER: crate::sync::AtomicBool = crate::sync::AtomicBool::new(false);
 
 /// Where a store's files are, to open them again.
 #[derive(Debug)]
@@ -54,7 +58,13 @@ pub(crate) enum Source {
 }
 
 /// The store every clone of a `Store` on a file uses: the current one, replaced by a heal.
-#[derive(Clone, Debug)]
+///
+/// Each clone is a handle. The last one to go stops the healer thread before it lets go of
+/// the store, so that the store closes on the dropping thread, before `drop` returns. (A
+/// healer still holding the store would close it later, on its own thread, while the caller
+/// may already be opening the file again: on the simulated disk, two redb handles then wrote
+/// one file, and a power loss found a header describing the stale handle's pages.)
+#[derive(Debug)]
 pub(crate) struct Healing {
     shared: Arc<Shared>,
 }
@@ -65,14 +75,51 @@ struct Shared {
     source: Source,
     config: Config,
     state: Mutex<State>,
+    /// Wakes the healer from its wait between attempts when the last handle goes.
+    wake: Condvar,
+    /// The [`Healing`] handles alive.
+    handles: AtomicUsize,
 }
 
 #[derive(Debug, Default)]
 struct State {
     /// An `idemdb-heal` thread is attempting.
     running: bool,
+    /// The last healer thread started, joined by the next start or by the last handle.
+    healer: Option<std::thread::JoinHandle<()>>,
+    /// The last handle is going: the healer stops.
+    closing: bool,
     /// Why attempts ended for good.
     gave_up: Option<String>,
+}
+
+impl Clone for Healing {
+    fn clone(&self) -> Healing {
+        self.shared.handles.fetch_add(1, Ordering::Relaxed);
+        Healing {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl Drop for Healing {
+    fn drop(&mut self) {
+        if self.shared.handles.fetch_sub(1, Ordering::AcqRel) != 1 {
+            return;
+        }
+        let healer = {
+            let mut state = self.shared.state.lock();
+            state.closing = true;
+            state.healer.take()
+        };
+        self.shared.wake.notify_all();
+        // An attempt under way finishes first (the healer checks `closing` between attempts).
+        if let Some(healer) = healer {
+            if healer.thread().id() != std::thread::current().id() {
+                let _ = healer.join();
+            }
+        }
+    }
 }
 
 /// Why an attempt failed.
@@ -91,6 +138,8 @@ impl Healing {
                 source,
                 config,
                 state: Mutex::new(State::default()),
+                wake: Condvar::new(),
+                handles: AtomicUsize::new(1),
             }),
         }
     }
@@ -118,27 +167,42 @@ impl Healing {
             return;
         }
         let mut state = self.shared.state.lock();
-        if state.running || state.gave_up.is_some() {
+        if state.running || state.gave_up.is_some() || state.closing {
             return;
         }
-        let weak = Arc::downgrade(&self.shared);
+        // The previous healer healed the store and is returning (or has).
+        if let Some(previous) = state.healer.take() {
+            let _ = previous.join();
+        }
+        let shared = Arc::clone(&self.shared);
         let spawned = std::thread::Builder::new()
             .name(HEALER_NAME.into())
-            .spawn(move || attempt_until_healed(&weak, first));
+            .spawn(move || attempt_until_healed(&shared, first));
         // Without a thread the store stays halted; the next operation tries again.
         state.running = spawned.is_ok();
+        state.healer = spawned.ok();
     }
 }
 
-/// The `idemdb-heal` thread: attempts until the store is healed, gone, or cannot be healed.
-fn attempt_until_healed(shared: &Weak<Shared>, first: Duration) {
+/// The `idemdb-heal` thread: attempts until the store is healed, closed, or cannot be healed.
+fn attempt_until_healed(shared: &Shared, first: Duration) {
     let mut delay = first;
     loop {
-        std::thread::sleep(delay);
-        let Some(shared) = shared.upgrade() else {
-            return;
-        };
+        {
+            let mut state = shared.state.lock();
+            if !state.closing {
+                shared.wake.wait_for(&mut state, delay);
+            }
+            if state.closing {
+                state.running = false;
+                return;
+            }
+        }
         let outcome = shared.attempt();
+        #[cfg(test)]
+        while HOLD_HEALER.load(Ordering::Acquire) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
         let observer = &shared.config.observer;
         let mut state = shared.state.lock();
         match outcome {
