@@ -616,16 +616,18 @@ fn heads_in_file(disk: &SimDisk) -> (u64, u64) {
     (heads, records)
 }
 
-/// A file of store format 2 (no heads, no secret) opens, is upgraded in place to format 3 in
-/// one durable commit, and answers every key as before; the upgrade survives a power loss.
+/// A file of store format 2 (no heads, no secret) opens, is upgraded in place to the current
+/// format in one durable commit (heads written, the `expiry` table dropped), and answers every
+/// key as before; the upgrade survives a power loss.
 #[test]
 fn a_format_2_file_is_upgraded_at_its_first_open_and_answers_as_before() {
-    use crate::file::disk::{FORMAT_KEY, META, SECRET_KEYS};
+    use crate::file::disk::{FORMAT_KEY, META, SECRET_KEYS, STORE_FORMAT};
     use crate::file::heads::HEADS;
     let disk = SimDisk::new();
     store_with_heads(&disk, 40);
     edit_file(&disk, |txn| {
         txn.delete_table(HEADS).unwrap();
+        format_3_expiry_table(txn, 40);
         let mut meta = txn.open_table(META).unwrap();
         meta.insert(FORMAT_KEY, 2).unwrap();
         for key in SECRET_KEYS {
@@ -636,10 +638,86 @@ fn a_format_2_file_is_upgraded_at_its_first_open_and_answers_as_before() {
     let store = open(&disk);
     check_heads_store(&store, 40);
     drop(store);
-    assert_eq!(file_meta(&disk).format, 3);
+    assert_eq!(file_meta(&disk).format, STORE_FORMAT);
     assert_eq!(heads_in_file(&disk), (81, 81), "a head for every record");
+    assert!(!table_names(&disk).contains(&"expiry".to_owned()));
     disk.crash(CrashImage::Durable);
     check_heads_store(&open(&disk), 40);
+}
+
+/// What a build of store format 3 or below kept besides the records and heads: an `expiry`
+/// entry per completion, `expires_at << 64 | fence` to the scoped key (the contents no longer
+/// matter; only that the table is there).
+fn format_3_expiry_table(txn: &redb::WriteTransaction, completions: u64) {
+    const EXPIRY: redb::TableDefinition<u128, &[u8]> = redb::TableDefinition::new("expiry");
+    let mut expiry = txn.open_table(EXPIRY).unwrap();
+    for fence in 1..=completions {
+        expiry
+            .insert(u128::from(fence), b"tenant/key".as_slice())
+            .unwrap();
+    }
+}
+
+fn table_names(disk: &SimDisk) -> Vec<String> {
+    use redb::{ReadableDatabase, TableHandle};
+    let db = redb::Builder::new()
+        .create_with_backend(disk.backend())
+        .unwrap();
+    let txn = db.begin_read().unwrap();
+    let names = txn.list_tables().unwrap();
+    names.map(|t| t.name().to_owned()).collect()
+}
+
+/// A file of store format 3 (the `expiry` table listing every completion, from which a purge
+/// read what was due) opens, is upgraded to format 4 in one durable commit that drops the
+/// table, answers every key as before, and still purges what expires: a purge now finds the
+/// due records in the index. (Without the upgrade an older build's file would keep a table
+/// nothing maintains; without the index scan nothing would ever be purged.)
+#[test]
+fn a_format_3_file_drops_its_expiry_table_at_its_first_open_and_still_purges() {
+    use crate::file::disk::{FORMAT_KEY, META, STORE_FORMAT};
+    use crate::ManualClock;
+    use std::time::Duration;
+    let disk = SimDisk::new();
+    let clock = ManualClock::new();
+    let open = || {
+        StoreBuilder::default()
+            .clock(clock.clone())
+            .open_simulated(&disk)
+            .unwrap()
+    };
+    let store = open();
+    for i in 0..10 {
+        let ticket = acquire(&store, &format!("done{i}"));
+        store.complete(ticket, Response::new(201, "paid")).unwrap();
+    }
+    std::mem::forget(acquire(&store, "held"));
+    drop(store);
+    edit_file(&disk, |txn| {
+        format_3_expiry_table(txn, 10);
+        txn.open_table(META).unwrap().insert(FORMAT_KEY, 3).unwrap();
+    });
+    assert_eq!(file_meta(&disk).format, 3);
+    assert!(table_names(&disk).contains(&"expiry".to_owned()));
+    let store = open();
+    for i in 0..10 {
+        match store.claim(&scope(), &format!("done{i}"), fp()).unwrap() {
+            Claim::Replay(r) => assert_eq!(r.body(), b"paid"),
+            other => panic!("done{i}: {other:?}"),
+        }
+    }
+    drop(store);
+    disk.crash(CrashImage::Durable);
+    assert_eq!(file_meta(&disk).format, STORE_FORMAT);
+    assert!(!table_names(&disk).contains(&"expiry".to_owned()));
+    let store = open();
+    clock.advance(Duration::from_secs(25 * 3600));
+    assert_eq!(store.purge_expired().unwrap(), 10);
+    assert_eq!(store.stats().live_records, 1, "the held claim stays");
+    assert!(matches!(
+        store.claim(&scope(), "done0", fp()).unwrap(),
+        Claim::Acquired(_)
+    ));
 }
 
 /// Heads are derived from the records: one that fails its checksum, one missing, or a table

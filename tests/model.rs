@@ -1343,7 +1343,7 @@ impl Harness {
                         }
                         Err(e) => {
                             let mut m = self.model.clone();
-                            // A purge reads the expiry table, then commits if anything expired.
+                            // A purge reads the index, then commits if anything expired.
                             if m.purge() == 0 && !self.power_is_off() {
                                 return Err(fail(format!(
                                     "purge with nothing to purge: unexpected {e:?}"

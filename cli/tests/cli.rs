@@ -406,36 +406,24 @@ fn verify_names_the_one_damaged_record_by_key_and_fence() {
 }
 
 /// `verify` checks every page of the file, which a service's open (pages trusted, the default)
-/// does not: a byte flipped in the `expiry` tree, which neither that open nor a read of every
-/// record touches, passes a trusting open and is found by `verify`. (Without `verify`'s own
-/// `PageCheck::Verify` it would pass too.)
+/// does not: a byte flipped in a stored response, which that open never reads (it loads the
+/// heads alone), passes a service's open and is found by `verify`.
 #[test]
 fn verify_checks_pages_a_trusting_open_never_reads() {
-    use redb::{ReadableDatabase as _, ReadableTable as _};
-    const EXPIRY: redb::TableDefinition<u128, &[u8]> = redb::TableDefinition::new("expiry");
     let dir = tempfile::tempdir().unwrap();
     let path = store_file(dir.path());
-    let first = {
-        let db = redb::Database::create(&path).unwrap();
-        let txn = db.begin_read().unwrap();
-        let table = txn.open_table(EXPIRY).unwrap();
-        let (key, _) = table.first().unwrap().expect("an expiry entry");
-        key.value()
-    };
-    // redb stores a u128 key as its little-endian bytes; flip every copy (the live leaf, and
-    // any freed page that still holds one).
-    let needle = first.to_le_bytes();
+    // Every copy: the live leaf, and any freed page that still holds one.
+    let needle = br#"{"id":"pay_1"}"#;
     let mut bytes = std::fs::read(&path).unwrap();
     let at: Vec<usize> = (0..bytes.len() - needle.len())
-        .filter(|&i| bytes[i..i + needle.len()] == needle)
+        .filter(|&i| &bytes[i..i + needle.len()] == needle)
         .collect();
-    assert!(!at.is_empty(), "the expiry key is in the file");
+    assert!(!at.is_empty(), "the response is in the file");
     for i in at {
-        bytes[i] ^= 0xff;
+        bytes[i + 2] ^= 0xff;
     }
     std::fs::write(&path, &bytes).unwrap();
-    let trusting = run(&["stats", p(&path)]);
-    assert_eq!(trusting.code, 0, "{}\n{}", trusting.stdout, trusting.stderr);
+    drop(Store::open(&path).expect("a service's open reads no response"));
     let r = run(&["--json", "verify", p(&path)]);
     assert_eq!(r.code, 5, "{}\n{}", r.stdout, r.stderr);
     let v: Value = serde_json::from_str(&r.stdout).unwrap();

@@ -47,7 +47,8 @@ const MAX_EDITS: usize = 32;
 /// Raw images are cut to this length.
 const MAX_RAW: usize = 64 << 10;
 
-// The store's tables, as docs/format.md specifies them.
+// The store's tables, as docs/format.md specifies them; `expiry` is format 3's, which an
+// open of a format-3 file drops (a later format ignores it).
 const RECORDS: TableDefinition<u64, &[u8]> = TableDefinition::new("records");
 const EXPIRY: TableDefinition<u128, &[u8]> = TableDefinition::new("expiry");
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");

@@ -1,4 +1,4 @@
-//! The redb file: four tables, the batch writer, and the open-time load that rebuilds the
+//! The redb file: three tables, the batch writer, and the open-time load that rebuilds the
 //! index from the heads. Records are keyed by fence, which only grows, so a batch of new claims
 //! lands at the right edge of the B-tree and dirties a few leaf pages however many claims it
 //! holds. `docs/format.md` documents every byte.
@@ -13,20 +13,26 @@ use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, Tab
 
 /// fence -> encoded [`Record`] (which carries its scoped key).
 pub(crate) const RECORDS: TableDefinition<u64, &[u8]> = TableDefinition::new("records");
-/// `expires_at << 64 | fence` -> scoped key. One entry per completed record, in time order, so a
-/// purge reads only what expired.
-pub(crate) const EXPIRY: TableDefinition<u128, &[u8]> = TableDefinition::new("expiry");
+/// `expires_at << 64 | fence` -> scoped key, one entry per completed record: the purge's list up
+/// to store format 3. A purge now finds expired records in the index (whose slots hold every
+/// expiry), so a completion writes two entries instead of three; the upgrade to format 4 drops
+/// the table ([`drop_expiry_table`]).
+const EXPIRY: TableDefinition<u128, &[u8]> = TableDefinition::new("expiry");
 /// Store-wide values: [`FORMAT_KEY`], [`STORE_ID_KEY`], [`FENCE_KEY`], [`JOURNAL_EPOCH_KEY`]
 /// and [`JOURNAL_BYTES_KEY`]. Every one is written when the store is created, and an open that
 /// finds one missing refuses the file: a default could silently skip a journal.
 pub(crate) const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 
 /// The store format this build writes. Format 2 added the store id and the journal's made size,
-/// and the journal's header and entry layout; format 3 the `heads` table and the hash secret. A
-/// file of format 2 is upgraded at its first open ([`rebuild_heads`]); any other is refused.
-pub(crate) const STORE_FORMAT: u64 = 3;
-/// The oldest format an open upgrades.
-const UPGRADABLE_FORMAT: u64 = 2;
+/// and the journal's header and entry layout; format 3 the `heads` table and the hash secret;
+/// format 4 dropped the `expiry` table. A file of format 2 or 3 is upgraded at its first open
+/// ([`rebuild_heads`], [`drop_expiry_table`]); any other is refused, and an older build refuses
+/// a file of format 4 (it would never purge its records: they have no expiry entries).
+pub(crate) const STORE_FORMAT: u64 = 4;
+/// The format with heads and an `expiry` table, upgraded by [`drop_expiry_table`].
+pub(crate) const EXPIRY_FORMAT: u64 = 3;
+/// The format without heads, upgraded by [`rebuild_heads`].
+const HEADLESS_FORMAT: u64 = 2;
 pub(crate) const FORMAT_KEY: &str = "format_version";
 /// The two halves of the store's hash secret (`hashing.rs`), from which every hash the `heads`
 /// table holds is keyed.
@@ -67,8 +73,6 @@ pub(crate) enum Op {
     /// Writes the record at `fence`: a new claim, or in place (complete, extend).
     Put {
         fence: u64,
-        /// The scoped key, for the expiry entry.
-        key: Box<[u8]>,
         value: Vec<u8>,
         /// The record's expiry (a completion).
         expiry: Option<u64>,
@@ -106,10 +110,6 @@ impl Gone {
 /// header on disk, so only the durable ones need it.
 pub(crate) fn quick_repair(txn: &mut redb::WriteTransaction) {
     txn.set_quick_repair(true);
-}
-
-pub(crate) fn expiry_key(expires_at: u64, fence: u64) -> u128 {
-    u128::from(expires_at) << 64 | u128::from(fence)
 }
 
 /// How a batch is committed to the redb file.
@@ -169,7 +169,6 @@ pub(crate) fn write_batch(
     {
         let mut records = txn.open_table(RECORDS)?;
         let mut heads = txn.open_table(HEADS)?;
-        let mut expiry = None;
         for (i, op) in ops.iter().enumerate() {
             if overwritten.get(i).copied().unwrap_or(false) {
                 if let Op::Put { fence, .. } = op {
@@ -180,26 +179,22 @@ pub(crate) fn write_batch(
             match op {
                 Op::Put {
                     fence,
-                    key,
                     value,
-                    expiry: expires,
                     replaces,
+                    ..
                 } => {
                     if let Some(gone) = replaces {
-                        bytes -= delete(&txn, &mut records, &mut heads, &mut expiry, gone)?;
+                        bytes -= delete(&mut records, &mut heads, gone)?;
                     }
                     heads.insert(*fence, head_of(&file.hashing, *fence, value)?)?;
                     if let Some(old) = records.insert(*fence, value.as_slice())? {
                         bytes -= len_i64(old.value().len());
                     }
                     bytes += len_i64(value.len());
-                    if let Some(t) = expires {
-                        lazy(&txn, &mut expiry, EXPIRY)?.insert(expiry_key(*t, *fence), &**key)?;
-                    }
                     high_fence = high_fence.max(*fence);
                 }
                 Op::Delete(gone) => {
-                    bytes -= delete(&txn, &mut records, &mut heads, &mut expiry, gone)?;
+                    bytes -= delete(&mut records, &mut heads, gone)?;
                 }
             }
         }
@@ -230,8 +225,8 @@ pub(crate) fn write_batch(
     Ok(bytes)
 }
 
-/// Which of `ops` a later op in the same transaction makes moot: a put of a new record (no
-/// expiry entry, nothing replaced) followed by another put at its fence (its completion) or by
+/// Which of `ops` a later op in the same transaction makes moot: a put of a new claim (no
+/// expiry, nothing replaced) followed by another put at its fence (its completion) or by
 /// its deletion (its release). Skipping it leaves the same tables and the same byte count, and
 /// saves a record and a head insert per request when the applier takes a claim and its
 /// completion in one transaction. Empty (nothing skipped) for a batch of one op.
@@ -271,33 +266,16 @@ fn len_i64(len: usize) -> i64 {
     i64::try_from(len).unwrap_or(i64::MAX)
 }
 
-fn delete<'t>(
-    txn: &'t redb::WriteTransaction,
-    records: &mut redb::Table<'t, u64, &'static [u8]>,
-    heads: &mut redb::Table<'t, u64, [u8; HEAD_BYTES]>,
-    expiry: &mut Option<redb::Table<'t, u128, &'static [u8]>>,
+fn delete(
+    records: &mut redb::Table<'_, u64, &'static [u8]>,
+    heads: &mut redb::Table<'_, u64, [u8; HEAD_BYTES]>,
     gone: &Gone,
 ) -> Result<i64> {
     let removed = records
         .remove(gone.fence)?
         .map_or(0, |old| len_i64(old.value().len()));
     heads.remove(gone.fence)?;
-    if let Some(t) = gone.expiry {
-        lazy(txn, expiry, EXPIRY)?.remove(expiry_key(t, gone.fence))?;
-    }
     Ok(removed)
-}
-
-/// Opens a table the first time a batch needs it: most batches of claims never touch `expiry`.
-fn lazy<'s, 't, K: redb::Key + 'static, V: redb::Value + 'static>(
-    txn: &'t redb::WriteTransaction,
-    slot: &'s mut Option<redb::Table<'t, K, V>>,
-    def: TableDefinition<K, V>,
-) -> Result<&'s mut redb::Table<'t, K, V>> {
-    if slot.is_none() {
-        *slot = Some(txn.open_table(def)?);
-    }
-    Ok(slot.as_mut().expect("just opened"))
 }
 
 /// What a scan of the file found, besides the index it filled.
@@ -352,11 +330,11 @@ pub(crate) fn meta(db: &Database) -> Result<Meta> {
     };
     let format = get(FORMAT_KEY)?;
     let secret = match format {
-        STORE_FORMAT => Some(SipKey {
+        STORE_FORMAT | EXPIRY_FORMAT => Some(SipKey {
             k0: get(SECRET_KEYS[0])?,
             k1: get(SECRET_KEYS[1])?,
         }),
-        UPGRADABLE_FORMAT => None,
+        HEADLESS_FORMAT => None,
         found => {
             return Err(Error::UnsupportedFormat {
                 found,
@@ -431,7 +409,6 @@ pub(crate) fn create(db: &Database) -> Result<()> {
         meta.insert(JOURNAL_HEADER_KEY, 0)?;
         txn.open_table(RECORDS)?;
         txn.open_table(HEADS)?;
-        txn.open_table(EXPIRY)?;
     }
     txn.commit()?;
     Ok(())
@@ -735,7 +712,8 @@ fn insert_pending(
 }
 
 /// Writes the `heads` table afresh from the records, under `secret`, and makes the file
-/// [`STORE_FORMAT`], in one durable commit: the upgrade of a format-2 file, the repair of a
+/// [`STORE_FORMAT`] (dropping the `expiry` table of format 3 or below), in one durable commit:
+/// the upgrade of a format-2 file, the repair of a
 /// damaged heads table, and the re-keying after a hash collision. Every record is read and its
 /// checksum verified, as every open did before heads existed.
 ///
@@ -747,10 +725,8 @@ pub(crate) fn rebuild_heads(db: &Database, secret: SipKey) -> Result<u64> {
     let mut txn = db.begin_write()?;
     quick_repair(&mut txn);
     let mut rebuilt = 0;
-    match txn.delete_table(HEADS) {
-        Ok(_) | Err(redb::TableError::TableDoesNotExist(_)) => {}
-        Err(e) => return Err(e.into()),
-    }
+    delete_table(&txn, HEADS)?;
+    delete_table(&txn, EXPIRY)?;
     {
         let records = txn.open_table(RECORDS)?;
         let mut heads = txn.open_table(HEADS)?;
@@ -772,6 +748,28 @@ pub(crate) fn rebuild_heads(db: &Database, secret: SipKey) -> Result<u64> {
     }
     txn.commit()?;
     Ok(rebuilt)
+}
+
+/// Upgrades a file of format 3 to [`STORE_FORMAT`] in one durable commit: drops the `expiry`
+/// table, which nothing reads any more. A crash before the commit leaves format 3, upgraded
+/// again at the next open.
+pub(crate) fn drop_expiry_table(db: &Database) -> Result<()> {
+    let mut txn = db.begin_write()?;
+    quick_repair(&mut txn);
+    delete_table(&txn, EXPIRY)?;
+    txn.open_table(META)?.insert(FORMAT_KEY, STORE_FORMAT)?;
+    txn.commit()?;
+    Ok(())
+}
+
+fn delete_table<K: redb::Key + 'static, V: redb::Value + 'static>(
+    txn: &redb::WriteTransaction,
+    table: TableDefinition<K, V>,
+) -> Result<()> {
+    match txn.delete_table(table) {
+        Ok(_) | Err(redb::TableError::TableDoesNotExist(_)) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// A record with the scoped key it carries.
@@ -799,41 +797,6 @@ pub(crate) fn read_many(
             }
             None => None,
         });
-    }
-    Ok(out)
-}
-
-/// An expiry entry: when, which record, which key.
-pub(crate) struct Due {
-    pub(crate) expires_at: u64,
-    pub(crate) fence: u64,
-    pub(crate) key: Box<[u8]>,
-}
-
-/// Up to `limit` expiry entries at or before `now` and after the entry `after`, oldest first.
-pub(crate) fn expired(
-    db: &Database,
-    after: Option<u128>,
-    now: u64,
-    limit: usize,
-) -> Result<Vec<Due>> {
-    use std::ops::Bound;
-    let txn = db.begin_read()?;
-    let expiry = txn.open_table(EXPIRY)?;
-    let end = Bound::Excluded(expiry_key(now.saturating_add(1), 0));
-    let start = after.map_or(Bound::Unbounded, Bound::Excluded);
-    let mut out = Vec::new();
-    for entry in expiry.range::<u128>((start, end))? {
-        let (k, key) = entry?;
-        let k = k.value();
-        out.push(Due {
-            expires_at: u64::try_from(k >> 64).expect("shifted into range"),
-            fence: u64::try_from(k & u128::from(u64::MAX)).expect("masked into range"),
-            key: key.value().into(),
-        });
-        if out.len() == limit {
-            break;
-        }
     }
     Ok(out)
 }
@@ -875,7 +838,6 @@ mod tests {
     fn put(fence: u64, completed: bool, replaces: Option<Gone>) -> Op {
         Op::Put {
             fence,
-            key: key(fence),
             value: value(fence, completed),
             expiry: completed.then_some(100 + fence),
             replaces,
@@ -910,10 +872,6 @@ mod tests {
         for entry in txn.open_table(HEADS).unwrap().iter().unwrap() {
             let (k, v) = entry.unwrap();
             out.push(format!("head {} {:?}", k.value(), v.value()));
-        }
-        for entry in txn.open_table(EXPIRY).unwrap().iter().unwrap() {
-            let (k, v) = entry.unwrap();
-            out.push(format!("expiry {} {:?}", k.value(), v.value()));
         }
         out
     }

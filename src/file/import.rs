@@ -3,7 +3,7 @@
 
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::file::disk::{self, expiry_key, EXPIRY, FENCE_KEY, MAX_FENCE, META, RECORDS};
+use crate::file::disk::{self, FENCE_KEY, MAX_FENCE, META, RECORDS};
 use crate::file::hashing::Hashing;
 use crate::file::heads::HEADS;
 use crate::file::open;
@@ -75,7 +75,6 @@ fn write(db: &redb::Database, input: impl std::io::BufRead) -> Result<u64> {
     let (mut highest, mut imported) = (0, 0);
     {
         let mut table = txn.open_table(RECORDS)?;
-        let mut expiry = txn.open_table(EXPIRY)?;
         let mut heads = txn.open_table(HEADS)?;
         for (n, line) in input.lines().enumerate() {
             let line_no = u64::try_from(n + 1).unwrap_or(u64::MAX);
@@ -84,11 +83,7 @@ fn write(db: &redb::Database, input: impl std::io::BufRead) -> Result<u64> {
                 continue;
             }
             let m = Moved::from_line(&line, line_no)?;
-            let Encoded {
-                key,
-                value,
-                expires_at,
-            } = encode(&m).map_err(|why| refused(line_no, why))?;
+            let Encoded { key, value } = encode(&m).map_err(|why| refused(line_no, why))?;
             if !keys.insert(digest.of(&key)) {
                 return Err(refused(
                     line_no,
@@ -102,9 +97,6 @@ fn write(db: &redb::Database, input: impl std::io::BufRead) -> Result<u64> {
                 ));
             }
             heads.insert(m.fence, disk::head_of(&hashing, m.fence, &value)?)?;
-            if let Some(t) = expires_at {
-                expiry.insert(expiry_key(t, m.fence), &*key)?;
-            }
             highest = highest.max(m.fence);
             imported += 1;
         }
@@ -119,34 +111,27 @@ fn write(db: &redb::Database, input: impl std::io::BufRead) -> Result<u64> {
 struct Encoded {
     key: Box<[u8]>,
     value: Vec<u8>,
-    expires_at: Option<u64>,
 }
 
-/// A record's scoped key, encoded value and expiry.
+/// A record's scoped key and encoded value.
 fn encode(m: &Moved) -> std::result::Result<Encoded, String> {
     let key = scoped_key(&m.scope, &m.key).map_err(|e| e.to_string())?;
     if m.fence == 0 || m.fence > MAX_FENCE {
         return Err(format!("fence {} is out of range", m.fence));
     }
-    let (state, expires_at) = match &m.state {
-        MovedState::InProgress { lease_until } => (
-            RecordState::InProgress {
-                lease_until: *lease_until,
-            },
-            None,
-        ),
+    let state = match &m.state {
+        MovedState::InProgress { lease_until } => RecordState::InProgress {
+            lease_until: *lease_until,
+        },
         MovedState::Completed {
             completed_at,
             expires_at,
             response,
-        } => (
-            RecordState::Completed {
-                completed_at: *completed_at,
-                expires_at: *expires_at,
-                response: StoredResponse::from(response.clone()),
-            },
-            Some(*expires_at),
-        ),
+        } => RecordState::Completed {
+            completed_at: *completed_at,
+            expires_at: *expires_at,
+            response: StoredResponse::from(response.clone()),
+        },
     };
     let record = Record {
         fence: m.fence,
@@ -157,7 +142,6 @@ fn encode(m: &Moved) -> std::result::Result<Encoded, String> {
     Ok(Encoded {
         value: record.encode(&key),
         key,
-        expires_at,
     })
 }
 

@@ -158,6 +158,9 @@ fn start(
     journal: Option<JournalSource>,
 ) -> Result<FileStore> {
     let meta = disk::meta(&db)?;
+    if meta.format == disk::EXPIRY_FORMAT {
+        disk::drop_expiry_table(&db)?;
+    }
     let secret = match meta.secret {
         Some(secret) => secret,
         None => {

@@ -216,7 +216,6 @@ impl FileStore {
         }
         let queued = inner.pipeline.enqueue(Op::Put {
             fence,
-            key: key.bytes.clone(),
             value,
             expiry: None,
             replaces,
@@ -464,7 +463,6 @@ impl FileStore {
             let slot = self.held(&mut stripe, &ticket)?;
             let seq = inner.pipeline.enqueue(Op::Put {
                 fence: ticket.fence,
-                key: ticket.key.bytes.clone(),
                 value,
                 expiry: Some(expires_at),
                 replaces: None,
@@ -581,7 +579,6 @@ impl FileStore {
             let slot = self.held(&mut stripe, ticket)?;
             let seq = inner.pipeline.enqueue(Op::Put {
                 fence: ticket.fence,
-                key: ticket.key.bytes.clone(),
                 value: record.encode(&ticket.key.bytes),
                 expiry: None,
                 replaces: None,

@@ -536,16 +536,15 @@ fn encode_ops(ops: &[Op], out: &mut Vec<u8>) {
         match op {
             Op::Put {
                 fence,
-                key,
                 value,
                 expiry,
                 replaces,
             } => {
                 out.push(PUT);
                 out.extend_from_slice(&fence.to_le_bytes());
-                let key_len = u16::try_from(key.len()).expect("scoped keys are bounded");
-                out.extend_from_slice(&key_len.to_le_bytes());
-                out.extend_from_slice(key);
+                // The scoped key, for the `expiry` table of store format 3: empty since format
+                // 4 (the record's value carries the key).
+                out.extend_from_slice(&0u16.to_le_bytes());
                 let value_len = u32::try_from(value.len()).expect("records are bounded");
                 out.extend_from_slice(&value_len.to_le_bytes());
                 out.extend_from_slice(value);
@@ -609,8 +608,9 @@ fn decode_ops(payload: &[u8], ops: &mut Vec<Op>) -> Result<(), String> {
         let op = match r.u8()? {
             PUT => {
                 let fence = r.u64()?;
+                // Written by a store of format 3, for its expiry table; not needed since.
                 let key_len = u16::from_le_bytes(r.take(2)?.try_into().expect("2"));
-                let key = r.take(usize::from(key_len))?.into();
+                r.take(usize::from(key_len))?;
                 let value_len = u32::from_le_bytes(r.take(4)?.try_into().expect("4"));
                 let value = r
                     .take(usize::try_from(value_len).expect("u32 fits usize"))?
@@ -623,7 +623,6 @@ fn decode_ops(payload: &[u8], ops: &mut Vec<Op>) -> Result<(), String> {
                 };
                 Op::Put {
                     fence,
-                    key,
                     value,
                     expiry,
                     replaces,
@@ -656,7 +655,6 @@ mod tests {
                 } else {
                     Op::Put {
                         fence: i,
-                        key: format!("key{i}").into_bytes().into(),
                         value: vec![u8::try_from(i % 256).unwrap(); usize::try_from(i).unwrap()],
                         expiry: (i % 2 == 0).then_some(i + 1),
                         replaces: (i % 4 == 1).then(|| Gone {
@@ -921,7 +919,6 @@ mod tests {
         let (disk, mut j) = started();
         let big = vec![Op::Put {
             fence: 1,
-            key: Box::new([1]),
             value: vec![0; 5000],
             expiry: None,
             replaces: None,
