@@ -36,7 +36,7 @@ fn main() {
         .or_else(|| std::env::var_os("CARGO_TARGET_TMPDIR"))
         .map_or_else(std::env::temp_dir, PathBuf::from);
     let path = dir.join(format!("churn-{n}.idem"));
-    let journal = journal_path(&path);
+    let journal = common::journal_path(&path);
     remove(&path);
     remove(&journal);
     let clock = ManualClock::new();
@@ -140,12 +140,6 @@ fn body(i: u64) -> Vec<u8> {
     let mut b = SplitMix64::new(0xb0d7).ascii(RESPONSE_LEN).into_bytes();
     b[..8].copy_from_slice(&i.to_le_bytes());
     b
-}
-
-fn journal_path(path: &Path) -> PathBuf {
-    let mut name = path.as_os_str().to_owned();
-    name.push("-journal");
-    PathBuf::from(name)
 }
 
 fn file_len(path: &Path) -> u64 {

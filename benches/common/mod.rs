@@ -58,3 +58,10 @@ pub(crate) fn claim_and_complete(
         }
     });
 }
+
+/// The journal beside the store file at `path` (`<store file>-journal`).
+pub(crate) fn journal_path(path: &std::path::Path) -> std::path::PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push("-journal");
+    std::path::PathBuf::from(name)
+}
