@@ -300,17 +300,20 @@ impl Store {
             .call_counted(|| dispatch!(self, e => e.reap(resolver)))
     }
 
-    /// Deletes every record whose TTL ran out, oldest first, and returns how many. The cost is
-    /// proportional to what expired (an ordered expiry table is scanned up to now), not to the
-    /// size of the store. Expired records are already invisible to every read; purging frees
-    /// their space.
+    /// Deletes every record whose TTL ran out, and returns how many. Expired records are
+    /// already invisible to every read; purging frees their space. On a file the due records
+    /// are found in the in-memory index (a pass over it: about 10 ms per million live records),
+    /// and deleted in commits of up to 4,096; on PostgreSQL an index on the expiry orders them,
+    /// so the cost follows what expired. Call it from a timer (every minute or so).
     ///
     /// # Concurrency
-    /// Runs alongside claims. A key re-claimed after it expired is left to its new claim.
+    /// Runs alongside claims: each index stripe is locked only while its slots are read, and
+    /// each record is deleted only if its slot is still the one read. A key re-claimed after
+    /// it expired is left to its new claim.
     ///
     /// # Errors
     /// [`crate::Error::Halted`] / [`crate::Error::Io`] if a commit fails; [`crate::Error::Corrupted`] for a damaged
-    /// expiry entry.
+    /// record (read only with per-tenant limits, for its tenant).
     /// On PostgreSQL, [`crate::Error::Database`] if the database fails or cannot be reached.
     pub fn purge_expired(&self) -> Result<usize> {
         self.observer
