@@ -1003,3 +1003,46 @@ fn dropping_the_last_store_while_the_healer_holds_it_closes_the_file_before_drop
     );
     assert!(open(&disk).get(&scope(), "before").unwrap().is_some());
 }
+
+/// A key re-claimed after it expired, between a purge's scan of the index and its deletions,
+/// keeps its new claim: the purge deletes a record only if its slot is still the one it read.
+/// (Without the check the purge would drop the new claim's slot from the index, and a retry of
+/// the key would be `Acquired` while the first attempt's side effect runs.)
+#[test]
+fn a_key_reclaimed_between_a_purges_scan_and_its_delete_keeps_its_new_claim() {
+    use crate::file::maintenance::BETWEEN_PURGE_SCAN_AND_DELETE;
+    use crate::ManualClock;
+    use std::time::Duration;
+    let disk = SimDisk::new();
+    let clock = ManualClock::new();
+    let store = StoreBuilder::default()
+        .ttl(Duration::from_secs(60))
+        .clock(clock.clone())
+        .open_simulated(&disk)
+        .unwrap();
+    for key in ["again", "other"] {
+        let ticket = acquire(&store, key);
+        store.complete(ticket, Response::new(201, "paid")).unwrap();
+    }
+    clock.advance(Duration::from_secs(61));
+    let reclaiming = store.clone();
+    BETWEEN_PURGE_SCAN_AND_DELETE.with(|h| {
+        *h.borrow_mut() = Some(Box::new(move || {
+            std::mem::forget(acquire(&reclaiming, "again"));
+        }));
+    });
+    assert_eq!(store.purge_expired().unwrap(), 1, "only `other` is purged");
+    assert!(matches!(
+        store.claim(&scope(), "again", fp()).unwrap(),
+        Claim::InProgress { .. }
+    ));
+    drop(store);
+    disk.crash(CrashImage::Durable);
+    let reopened = StoreBuilder::default()
+        .ttl(Duration::from_secs(60))
+        .clock(clock)
+        .open_simulated(&disk)
+        .unwrap();
+    let claim = reopened.claim(&scope(), "again", fp()).unwrap();
+    assert!(matches!(claim, Claim::InProgress { .. }), "{claim:?}");
+}

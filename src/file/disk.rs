@@ -6,7 +6,7 @@
 use crate::error::{Damaged, Error, Result};
 use crate::file::hashing::{Hashing, SipKey};
 use crate::file::heads::{StoredHead, HEADS, HEAD_BYTES};
-use crate::file::index::{Index, KeyHash, Slot, SlotState};
+use crate::file::index::{Index, KeyHash, Slot};
 use crate::record::{Head, Record};
 use crate::scope::display_scoped_key;
 use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
@@ -84,21 +84,16 @@ pub(crate) enum Op {
     Delete(Gone),
 }
 
-/// A record to delete: its fence, and its expiry if it was completed.
+/// A record to delete, by its fence.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Gone {
     pub(crate) fence: u64,
-    pub(crate) expiry: Option<u64>,
 }
 
 impl Gone {
     pub(crate) fn of(slot: &Slot) -> Gone {
         Gone {
             fence: slot.fence(),
-            expiry: match slot.state() {
-                SlotState::Completed { expires_at, .. } => Some(expires_at),
-                SlotState::InProgress { .. } => None,
-            },
         }
     }
 }
@@ -239,7 +234,7 @@ fn overwritten(ops: &[Op]) -> Vec<bool> {
         std::collections::HashMap::with_capacity(ops.len());
     for (i, op) in ops.iter().enumerate() {
         let fence = match op {
-            Op::Put { fence, .. } | Op::Delete(Gone { fence, .. }) => *fence,
+            Op::Put { fence, .. } | Op::Delete(Gone { fence }) => *fence,
         };
         if let Some(earlier) = plain.remove(&fence) {
             moot[earlier] = true;
@@ -846,10 +841,7 @@ mod tests {
 
     /// Claims, completions, a release and a takeover, in queue order.
     fn ops() -> Vec<Op> {
-        let gone = |fence| Gone {
-            fence,
-            expiry: None,
-        };
+        let gone = |fence| Gone { fence };
         vec![
             put(1, false, None),
             put(2, false, None),

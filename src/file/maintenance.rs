@@ -15,6 +15,14 @@ use crate::stats::Counters;
 /// How many due records one purge round deletes before it waits for their commit.
 const PURGE_CHUNK: usize = 4096;
 
+#[cfg(test)]
+thread_local! {
+    /// Run once by the next purge on this thread, between its scan of the index and its
+    /// deletions.
+    pub(crate) static BETWEEN_PURGE_SCAN_AND_DELETE: std::cell::RefCell<Option<Box<dyn FnOnce()>>> =
+        std::cell::RefCell::new(None);
+}
+
 impl FileStore {
     pub(crate) fn reap(
         &self,
@@ -189,6 +197,10 @@ impl FileStore {
                     break; // this stripe may hold more: read it again next round
                 }
                 stripe += 1;
+            }
+            #[cfg(test)]
+            if let Some(hook) = BETWEEN_PURGE_SCAN_AND_DELETE.with(|h| h.borrow_mut().take()) {
+                hook();
             }
             let n = self.purge_chunk(&due)?;
             purged += n;
