@@ -42,9 +42,10 @@ pub enum PageCheck {
     /// recorded it. idemdb's own checks stay on: each head's CRC-32, the heads' order and count
     /// against the records', and each record's CRC-32, key and agreement with its head when a
     /// request reads it. Bytes damaged outside idemdb (a disk, a backup tool, a person) may
-    /// make redb panic (contained as `Error::Corrupted`) or, for some damage to a page pointer,
-    /// allocate far more memory than the file holds, or recurse without end: those are not
-    /// contained. The default.
+    /// make redb panic (contained as `Error::Corrupted`) or end the process: for some damage to
+    /// a page pointer it allocates far more memory than the file holds or recurses without end,
+    /// and some of its panics panic again as redb unwinds its own state (an abort). Those are
+    /// not contained, and recur at the next open. The default.
     #[default]
     Trust,
 }

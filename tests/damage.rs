@@ -26,7 +26,11 @@
 //! what was acknowledged: a completed key replays its response byte for byte, an acknowledged
 //! claim is in progress, a released or never-claimed key is acquired afresh. A typed error
 //! (from the open or from a claim) is an acceptable outcome, except for `none`; for
-//! `foreign_journal` and `stale_journal` it is the only acceptable one.
+//! `foreign_journal` and `stale_journal` it is the only acceptable one. With the default
+//! `PageCheck::Trust`, a child that died inside redb on damaged store pages (an abort from a
+//! panic during redb's own unwinding, a stack overflow, an allocation past the limit) is counted
+//! apart, as what Trust leaves open (`docs/design.md`); verifying, it is a failure.
+//! `IDEMDB_DAMAGE_KEEP=<dir>` keeps each failed case's files and child spec.
 //!
 //! `IDEMDB_DAMAGE_CASES` sets the cases per (state, journal size, class): 2 by default (about 150
 //! children, a few seconds); `.ci/run` runs a deep setting. `IDEMDB_DAMAGE_SEED` changes the
@@ -457,7 +461,35 @@ enum Outcome {
     /// damage (`docs/design.md`); only allowed where the parent's damage hit that entry.
     TailLost,
     Refused(String),
+    /// The process died inside redb, following a damaged page it trusted: a panic there whose
+    /// unwinding panicked again in redb's own destructors (an abort), a stack overflow, or an
+    /// allocation past the memory limit. What `PageCheck::Trust` leaves open (`docs/design.md`,
+    /// "Damaged and mismatched files"); only allowed for damage to the store file's pages, in
+    /// Trust mode.
+    DiedInRedb(&'static str),
     Failed(String),
+}
+
+/// Whether a child that died by `signal` with `stderr` died inside redb (see
+/// [`Outcome::DiedInRedb`]), and how.
+fn died_in_redb(signal: Option<i32>, stderr: &str) -> Option<&'static str> {
+    const SIGABRT: i32 = 6;
+    if signal != Some(SIGABRT) {
+        return None;
+    }
+    let first_panic = stderr.lines().find(|l| l.contains("panicked at"));
+    if stderr.contains("panic in a destructor during cleanup")
+        && first_panic.is_some_and(|l| l.contains("/redb-"))
+    {
+        return Some("a panic in redb, then another while unwinding");
+    }
+    if first_panic.is_none() && stderr.contains("has overflowed its stack") {
+        return Some("a stack overflow");
+    }
+    if first_panic.is_none() && stderr.contains("memory allocation of") {
+        return Some("an allocation past the memory limit");
+    }
+    None
 }
 
 fn run_case(
@@ -485,7 +517,7 @@ fn run_case(
         .arg("-c")
         .arg(format!("ulimit -v {MEMORY_LIMIT_KIB} && exec \"$0\""))
         .arg(&exe)
-        .env(CHILD_ENV, spec)
+        .env(CHILD_ENV, &spec)
         .env("RUST_BACKTRACE", "0")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -518,6 +550,16 @@ fn run_case(
         .unwrap()
         .read_to_string(&mut err)
         .unwrap();
+    let failed = match &status {
+        Some(status) => {
+            let line = out.lines().last().unwrap_or_default();
+            !(status.success() && (line == "OK" || line == "TAIL" || line.starts_with("ERR ")))
+        }
+        None => true,
+    };
+    if failed {
+        keep_failed_case(&path, n, &spec, store, journal);
+    }
     let _ = std::fs::remove_file(&path);
     let _ = std::fs::remove_file(journal_of(&path));
     let Some(status) = status else {
@@ -533,13 +575,44 @@ fn run_case(
     if status.success() && line.starts_with("ERR ") {
         return Outcome::Refused(line[4..].to_owned());
     }
-    let why = if let Some(signal) = std::os::unix::process::ExitStatusExt::signal(&status) {
+    let signal = std::os::unix::process::ExitStatusExt::signal(&status);
+    if let Some(how) = died_in_redb(signal, &err) {
+        return Outcome::DiedInRedb(how);
+    }
+    let why = if let Some(signal) = signal {
         format!("killed by signal {signal}")
     } else {
         format!("exit {:?}", status.code())
     };
+    // The first panic says what broke; the last lines say how the process ended.
+    let first_panic: Vec<&str> = err
+        .lines()
+        .skip_while(|l| !l.contains("panicked at"))
+        .take(2)
+        .collect();
     let last_err: String = err.lines().rev().take(3).collect::<Vec<_>>().join(" | ");
-    Outcome::Failed(format!("{why}: {line} {last_err}"))
+    Outcome::Failed(format!(
+        "{why}: {line} first panic: {} | last: {last_err}",
+        first_panic.join(" ")
+    ))
+}
+
+/// With `IDEMDB_DAMAGE_KEEP=<dir>`, a failed case's store and journal, as they were before the
+/// child opened them, are written there with the child's spec, so that
+/// `IDEMDB_DAMAGE_CHILD=<spec>` can open them again under a debugger.
+fn keep_failed_case(path: &Path, n: usize, spec: &str, store: &[u8], journal: &[u8]) {
+    let Some(keep) = std::env::var_os("IDEMDB_DAMAGE_KEEP") else {
+        return;
+    };
+    let keep = PathBuf::from(keep);
+    std::fs::create_dir_all(&keep).unwrap();
+    let to = keep.join(format!("case-{n}.idem"));
+    std::fs::write(&to, store).unwrap();
+    if journal_of(path).exists() {
+        std::fs::write(journal_of(&to), journal).unwrap();
+    }
+    let spec = spec.replace(&path.display().to_string(), &to.display().to_string());
+    std::fs::write(keep.join(format!("case-{n}.spec")), spec).unwrap();
 }
 
 #[derive(Default)]
@@ -548,6 +621,7 @@ struct Tally {
     correct: u64,
     tail_lost: u64,
     refused: BTreeMap<String, u64>,
+    died_in_redb: BTreeMap<&'static str, u64>,
     failed: Vec<String>,
 }
 
@@ -560,6 +634,7 @@ fn sweep() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(0x00da_3a6e);
+    let trusting = std::env::var("IDEMDB_DAMAGE_PAGE_CHECK").as_deref() != Ok("verify");
     let started = Instant::now();
     let dir = tempfile::tempdir().unwrap();
     let mut tally: BTreeMap<&str, Tally> = BTreeMap::new();
@@ -581,9 +656,13 @@ fn sweep() {
                     let t = tally.entry(class).or_default();
                     t.cases += 1;
                     let must_refuse = matches!(class, "foreign_journal" | "stale_journal");
+                    let page_damage = matches!(class, "page_over_page" | "pointer" | "bit_flip");
                     match outcome {
                         Outcome::Correct if !must_refuse => t.correct += 1,
                         Outcome::TailLost if tail => t.tail_lost += 1,
+                        Outcome::DiedInRedb(how) if trusting && page_damage => {
+                            *t.died_in_redb.entry(how).or_default() += 1;
+                        }
                         Outcome::Refused(e) if class != "none" => {
                             *t.refused.entry(e).or_default() += 1;
                         }
@@ -610,6 +689,15 @@ fn sweep() {
             )
         } else {
             String::new()
+        };
+        let died: u64 = t.died_in_redb.values().sum();
+        let tail = if died > 0 {
+            format!(
+                "{tail}, {died} died inside redb (Trust leaves open) {:?}",
+                t.died_in_redb
+            )
+        } else {
+            tail
         };
         report.push_str(&format!(
             "  {class:<18} {:>5} cases: {:>5} correct, {:>5} typed errors {:?}{tail}, {} failed\n",
