@@ -673,6 +673,45 @@ fn table_names(disk: &SimDisk) -> Vec<String> {
 /// table, answers every key as before, and still purges what expires: a purge now finds the
 /// due records in the index. (Without the upgrade an older build's file would keep a table
 /// nothing maintains; without the index scan nothing would ever be purged.)
+/// Completes `done0`..`done9` with 201 "paid", leaves `held` in progress, and closes the store.
+fn ten_paid_and_one_held(store: Store) {
+    for i in 0..10 {
+        let ticket = acquire(&store, &format!("done{i}"));
+        store.complete(ticket, Response::new(201, "paid")).unwrap();
+    }
+    std::mem::forget(acquire(&store, "held"));
+    drop(store);
+}
+
+/// Found by the damage sweep (`case-887` in `tests/damage-cases/README.md`): one flipped bit in `meta`'s hash
+/// secret, which carries no checksum of its own, left every head's hash under the old secret;
+/// the open built the index without an error and every stored key was then claimed afresh.
+#[test]
+fn a_damaged_hash_secret_rebuilds_the_heads_instead_of_forgetting_every_key() {
+    use crate::file::disk::{META, SECRET_KEYS};
+    use redb::ReadableTable;
+    let disk = SimDisk::new();
+    let open = || StoreBuilder::default().open_simulated(&disk).unwrap();
+    let store = open();
+    ten_paid_and_one_held(store);
+    edit_file(&disk, |txn| {
+        let mut meta = txn.open_table(META).unwrap();
+        let k0 = meta.get(SECRET_KEYS[0]).unwrap().unwrap().value();
+        meta.insert(SECRET_KEYS[0], k0 ^ (1 << 17)).unwrap();
+    });
+    let store = open();
+    for i in 0..10 {
+        match store.claim(&scope(), &format!("done{i}"), fp()).unwrap() {
+            Claim::Replay(r) => assert_eq!(r.body(), b"paid"),
+            other => panic!("done{i} answered {other:?}"),
+        }
+    }
+    assert!(matches!(
+        store.claim(&scope(), "held", fp()).unwrap(),
+        Claim::InProgress { .. }
+    ));
+}
+
 #[test]
 fn a_format_3_file_drops_its_expiry_table_at_its_first_open_and_still_purges() {
     use crate::file::disk::{FORMAT_KEY, META, STORE_FORMAT};
@@ -687,12 +726,7 @@ fn a_format_3_file_drops_its_expiry_table_at_its_first_open_and_still_purges() {
             .unwrap()
     };
     let store = open();
-    for i in 0..10 {
-        let ticket = acquire(&store, &format!("done{i}"));
-        store.complete(ticket, Response::new(201, "paid")).unwrap();
-    }
-    std::mem::forget(acquire(&store, "held"));
-    drop(store);
+    ten_paid_and_one_held(store);
     edit_file(&disk, |txn| {
         format_3_expiry_table(txn, 10);
         txn.open_table(META).unwrap().insert(FORMAT_KEY, 3).unwrap();

@@ -552,6 +552,9 @@ pub(crate) fn load(db: &Database, index: &Index, reserved: u64, file_bytes: u64)
             ),
         });
     }
+    if let Some(reason) = heads_disagree_with_records(&heads, &records, index.hashing())? {
+        return Ok(Scan::HeadsDamaged(reason));
+    }
     if high_fence > MAX_FENCE {
         return Err(Error::Corrupted {
             damaged: Damaged::Meta,
@@ -569,6 +572,44 @@ pub(crate) fn load(db: &Database, index: &Index, reserved: u64, file_bytes: u64)
             hashing: *index.hashing(),
         },
     }))
+}
+
+/// How many of the first heads the open checks against their records.
+const HEADS_CHECKED_AGAINST_RECORDS: usize = 4;
+
+/// Why the heads cannot be trusted, if the first heads whose records decode hash their keys
+/// otherwise.
+/// A head holds its key's hash under the secret `meta` keeps, and `meta`'s values carry no
+/// checksum of their own: with a damaged secret every lookup would miss and every stored key
+/// would be claimed afresh. Every head shares the secret, so a few records read at open catch
+/// it; the heads are then rebuilt from the records under the secret read. A record that fails to decode is skipped here: a request on
+/// it reports it.
+fn heads_disagree_with_records(
+    heads: &redb::ReadOnlyTable<u64, [u8; HEAD_BYTES]>,
+    records: &redb::ReadOnlyTable<u64, &'static [u8]>,
+    hashing: &Hashing,
+) -> Result<Option<String>> {
+    for entry in heads.iter()?.take(HEADS_CHECKED_AGAINST_RECORDS) {
+        let (fence, stored) = entry?;
+        let fence = fence.value();
+        let Some(record) = records.get(fence)? else {
+            return Ok(Some(format!("the head at fence {fence} has no record")));
+        };
+        let Ok(expected) = head_of(hashing, fence, record.value()) else {
+            continue;
+        };
+        // Only the key's hash: a record that disagrees with its head otherwise (rewritten with
+        // a valid checksum) is the record's damage, which a request on it reports.
+        let hash = |head: &[u8; HEAD_BYTES]| StoredHead::decode(fence, head).map(|h| h.key);
+        let stored = hash(&stored.value());
+        if stored.is_some() && stored != hash(&expected) {
+            return Ok(Some(format!(
+                "the head at fence {fence} holds another hash of its record's key than the \
+                 file's secret gives (the secret or the head is damaged)"
+            )));
+        }
+    }
+    Ok(None)
 }
 
 /// The open reads heads on one thread for every this many (up to [`MAX_SCAN_THREADS`]). Unit
