@@ -683,7 +683,7 @@ fn ten_paid_and_one_held(store: Store) {
     drop(store);
 }
 
-/// Found by the damage sweep (`case-887` in `tests/damage-cases/README.md`): one flipped bit in `meta`'s hash
+/// Found by the damage sweep with a random seed: one flipped bit in `meta`'s hash
 /// secret, which carries no checksum of its own, left every head's hash under the old secret;
 /// the open built the index without an error and every stored key was then claimed afresh.
 #[test]
