@@ -668,11 +668,6 @@ fn table_names(disk: &SimDisk) -> Vec<String> {
     names.map(|t| t.name().to_owned()).collect()
 }
 
-/// A file of store format 3 (the `expiry` table listing every completion, from which a purge
-/// read what was due) opens, is upgraded to format 4 in one durable commit that drops the
-/// table, answers every key as before, and still purges what expires: a purge now finds the
-/// due records in the index. (Without the upgrade an older build's file would keep a table
-/// nothing maintains; without the index scan nothing would ever be purged.)
 /// Completes `done0`..`done9` with 201 "paid", leaves `held` in progress, and closes the store.
 fn ten_paid_and_one_held(store: Store) {
     for i in 0..10 {
@@ -712,6 +707,11 @@ fn a_damaged_hash_secret_rebuilds_the_heads_instead_of_forgetting_every_key() {
     ));
 }
 
+/// A file of store format 3 (the `expiry` table listing every completion, from which a purge
+/// read what was due) opens, is upgraded to format 4 in one durable commit that drops the
+/// table, answers every key as before, and still purges what expires: a purge now finds the
+/// due records in the index. (Without the upgrade an older build's file would keep a table
+/// nothing maintains; without the index scan nothing would ever be purged.)
 #[test]
 fn a_format_3_file_drops_its_expiry_table_at_its_first_open_and_still_purges() {
     use crate::file::disk::{FORMAT_KEY, META, STORE_FORMAT};

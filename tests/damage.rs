@@ -357,9 +357,8 @@ fn make_images(dir: &Path, journal_size: u64) -> Images {
     }
 }
 
-/// The byte range of the current epoch's last entry in a journal (`docs/format.md`), if any.
-/// The byte ranges of the journal's last two entries of its current epoch (the one before the
-/// last, then the last).
+/// The byte ranges of the current epoch's last two entries in a journal (`docs/format.md`): the
+/// one before the last, then the last.
 fn last_entries(journal: &[u8]) -> [Option<std::ops::Range<usize>>; 2] {
     let slot_epoch = |at: usize| -> Option<u64> {
         let b = journal.get(at..at + 28)?;
@@ -566,18 +565,17 @@ fn run_case(
         .unwrap()
         .read_to_string(&mut err)
         .unwrap();
-    let failed = match &status {
-        Some(status) => {
-            let line = out.lines().last().unwrap_or_default();
-            !(status.success() && (line == "OK" || line == "TAIL" || line.starts_with("ERR ")))
-        }
-        None => true,
-    };
-    if failed {
+    let outcome = outcome(status, &out, &err);
+    if matches!(outcome, Outcome::Failed(_) | Outcome::DiedInRedb(_)) {
         keep_failed_case(&path, n, &spec, store, journal);
     }
     let _ = std::fs::remove_file(&path);
     let _ = std::fs::remove_file(journal_of(&path));
+    outcome
+}
+
+/// How a child that ended with `status` (`None`: it hung) and printed `out` and `err` ended.
+fn outcome(status: Option<std::process::ExitStatus>, out: &str, err: &str) -> Outcome {
     let Some(status) = status else {
         return Outcome::Failed(format!("hung past {TIME_LIMIT:?}"));
     };
@@ -592,7 +590,7 @@ fn run_case(
         return Outcome::Refused(line[4..].to_owned());
     }
     let signal = std::os::unix::process::ExitStatusExt::signal(&status);
-    if let Some(how) = died_in_redb(signal, &err) {
+    if let Some(how) = died_in_redb(signal, err) {
         return Outcome::DiedInRedb(how);
     }
     let why = if let Some(signal) = signal {

@@ -577,13 +577,14 @@ pub(crate) fn load(db: &Database, index: &Index, reserved: u64, file_bytes: u64)
 /// How many of the first heads the open checks against their records.
 const HEADS_CHECKED_AGAINST_RECORDS: usize = 4;
 
-/// Why the heads cannot be trusted, if the first heads whose records decode hash their keys
-/// otherwise.
-/// A head holds its key's hash under the secret `meta` keeps, and `meta`'s values carry no
-/// checksum of their own: with a damaged secret every lookup would miss and every stored key
-/// would be claimed afresh. Every head shares the secret, so a few records read at open catch
-/// it; the heads are then rebuilt from the records under the secret read. A record that fails to decode is skipped here: a request on
-/// it reports it.
+/// Why the heads cannot be trusted, if one of the first heads holds another hash of its
+/// record's key than the file's secret gives. A head holds its key's hash under the secret
+/// `meta` keeps, and `meta`'s values carry no checksum of their own: with a damaged secret
+/// every lookup would miss and every stored key would be claimed afresh. Every head shares the
+/// secret, so a few records read at open catch it; the heads are then rebuilt from the records
+/// under the secret read. Only the key's hash is compared: a record that disagrees with its
+/// head otherwise (rewritten with a valid checksum), or fails to decode, is that record's
+/// damage, which a request on it reports.
 fn heads_disagree_with_records(
     heads: &redb::ReadOnlyTable<u64, [u8; HEAD_BYTES]>,
     records: &redb::ReadOnlyTable<u64, &'static [u8]>,
@@ -595,14 +596,14 @@ fn heads_disagree_with_records(
         let Some(record) = records.get(fence)? else {
             return Ok(Some(format!("the head at fence {fence} has no record")));
         };
-        let Ok(expected) = head_of(hashing, fence, record.value()) else {
+        let (Ok((key, _)), Some(stored)) = (
+            decode_head_at(fence, record.value()),
+            StoredHead::decode(fence, &stored.value()),
+        ) else {
             continue;
         };
-        // Only the key's hash: a record that disagrees with its head otherwise (rewritten with
-        // a valid checksum) is the record's damage, which a request on it reports.
-        let hash = |head: &[u8; HEAD_BYTES]| StoredHead::decode(fence, head).map(|h| h.key);
-        let stored = hash(&stored.value());
-        if stored.is_some() && stored != hash(&expected) {
+        let (lo, hi) = hashing.key(key);
+        if stored.key != KeyHash::from_parts(lo, hi) {
             return Ok(Some(format!(
                 "the head at fence {fence} holds another hash of its record's key than the \
                  file's secret gives (the secret or the head is damaged)"
