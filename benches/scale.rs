@@ -120,7 +120,7 @@ fn measure(n: u64, seconds: Duration) -> Row {
     preload(&store, n);
     let preload_rate = n as f64 / started.elapsed().as_secs_f64();
     let claims_per_sec = claim_loop(&store, seconds);
-    let live = store.stats().live_records;
+    let live = store.record_count().unwrap();
     drop(store);
     // The store file and its journal.
     let journal = std::fs::metadata(dir.path().join("scale.idem-journal")).map_or(0, |m| m.len());
@@ -260,7 +260,7 @@ fn child(spec: &str) {
             let store = builder.open(path).expect("open");
             let secs = started.elapsed().as_secs_f64();
             let after = rss_bytes();
-            let live = store.stats().live_records;
+            let live = store.record_count().unwrap();
             println!("{secs} {before} {after} {live}");
         }
         "purge" => {

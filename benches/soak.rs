@@ -323,7 +323,7 @@ fn main() {
             rss_kib: rss_kib(),
             fds: fds(),
             store_bytes: file_bytes(dir.path()),
-            live: store.stats().live_records,
+            live: store.record_count().unwrap(),
             rps: requests as f64 / SAMPLE_EVERY.as_secs_f64(),
             p99_ms: p99 as f64 / 1000.0,
         };

@@ -877,7 +877,7 @@ fn print_stats(label: &str, s: &Stats) {
         s.mismatches,
         s.takeovers,
         s.reaped,
-        s.live_records
+        s.live_records.unwrap_or_default()
     );
     println!(
         "{}  commit_batches {} for {} writes (group commit: {:.2} writes per fsync)",

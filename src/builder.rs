@@ -4,8 +4,8 @@
 use crate::clock::Clock;
 use crate::config::{Config, PageCheck, StalePolicy};
 use crate::error::Result;
+use crate::model::response::MAX_RESPONSE_LIMIT;
 use crate::observe::Observer;
-use crate::record::MAX_RESPONSE_LIMIT;
 use crate::store::Store;
 use std::path::Path;
 use std::sync::Arc;
@@ -331,8 +331,8 @@ impl StoreBuilder {
     #[cfg(feature = "postgres")]
     pub fn connect(self, url: &str) -> Result<Store> {
         let config = self.attached(None);
-        let observer = config.observer.clone();
-        crate::postgres::connect(config, url).map(|pg| Store::postgres(pg, observer))
+        let pg = crate::postgres::connect(config.clone(), url)?;
+        Ok(Store::new(crate::engine::Engine::Postgres(pg), &config))
     }
 
     /// Opens the store at `path`, creating it (and fsyncing its directory) if it does not exist,
@@ -439,5 +439,10 @@ fn serve(
     source: crate::file::heal::Source,
     config: crate::config::Config,
 ) -> Store {
-    Store::file(crate::file::heal::Healing::new(store, source, config))
+    let engine = crate::engine::Engine::File(crate::file::heal::Healing::new(
+        store,
+        source,
+        config.clone(),
+    ));
+    Store::new(engine, &config)
 }

@@ -3,11 +3,12 @@
 //! in-flight duplicate and the settling of an outcome live here once; the agent gateway runs
 //! on them too.
 
-use crate::claim::{Claim, Takeover, Ticket};
 use crate::error::{Error, Result};
-use crate::fingerprint::Fingerprint;
-use crate::response::Response;
-use crate::scope::Scope;
+use crate::model::claim::{Claim, Takeover};
+use crate::model::fingerprint::Fingerprint;
+use crate::model::response::Response;
+use crate::model::scope::Scope;
+use crate::model::ticket::Ticket;
 use crate::store::Store;
 use crate::timer::far_future;
 use std::future::Future;

@@ -44,46 +44,38 @@
 
 pub mod agent;
 mod builder;
-mod claim;
 mod clock;
 mod config;
+mod engine;
 mod error;
 mod file;
-mod fingerprint;
 #[cfg(feature = "http")]
 pub mod http;
 mod idempotent;
-mod listing;
+mod model;
 mod observe;
 #[cfg(feature = "postgres")]
 mod postgres;
-mod record;
 mod replay_cache;
-mod response;
-mod scope;
 #[cfg(any(test, fuzzing, feature = "simulation"))]
 #[doc(hidden)]
 pub mod simulation;
 mod stats;
 mod store;
 mod sync;
-#[cfg(test)]
-mod tests;
 mod timer;
-#[cfg(feature = "export")]
-mod transfer;
 
 pub use builder::StoreBuilder;
-pub use claim::{Claim, Entry, EntryState, Resolution, StaleClaim, Takeover, Ticket};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{PageCheck, StalePolicy};
 pub use error::{Damaged, Error, InputProblem, Result, StorageError};
-pub use fingerprint::{Fingerprint, FingerprintBuilder};
 pub use idempotent::{Attempt, CallOutcome, Failure, IdempotentFn, IdempotentFnBuilder};
-pub use listing::{ListedRecord, Query, RecordStatus};
-pub use record::MAX_RESPONSE_LIMIT;
-pub use response::Response;
-pub use scope::{validate_key, Scope, MAX_ENDPOINT_LEN, MAX_KEY_LEN, MAX_TENANT_LEN};
+pub use model::claim::{Claim, Entry, EntryState, Resolution, StaleClaim, Takeover};
+pub use model::fingerprint::{Fingerprint, FingerprintBuilder};
+pub use model::listing::{ListedRecord, Query, RecordStatus};
+pub use model::response::{Response, MAX_RESPONSE_LIMIT};
+pub use model::scope::{validate_key, Scope, MAX_ENDPOINT_LEN, MAX_KEY_LEN, MAX_TENANT_LEN};
+pub use model::ticket::Ticket;
 pub use stats::Stats;
 pub use store::Store;
 

@@ -1,22 +1,25 @@
-//! Observability: a span per public operation and events for what an operator must hear about
-//! (feature `tracing`), counters, histograms and gauges (feature `metrics`). The rest of the
-//! crate calls only this module. With a feature off its half of every function is compiled
-//! out and its fields are gone: an [`Observer`] with both off is empty, and an operation pays
-//! nothing. `docs/operations.md` lists every metric, span and event.
+//! Observability: the store's own counters ([`crate::Stats`], always), a span per public
+//! operation and events for what an operator must hear about (feature `tracing`), counters,
+//! histograms and gauges (feature `metrics`). The rest of the crate calls only this module.
+//! Every answer is classified here once, above both engines. With a feature off its half of
+//! every function is compiled out and its fields are gone: with both off an operation pays
+//! for its counter's atomic add and nothing else. `docs/operations.md` lists every metric,
+//! span and event.
 //!
 //! Instruments are resolved once, when a store opens ([`Observer::attach`]), from the
 //! `metrics` recorder installed then, so the hot path adds to a handle (an atomic) instead of
 //! looking a name up. Spans are built at DEBUG: under a subscriber at INFO, as in production,
 //! each costs one check of the level.
 
-use crate::claim::{Claim, Ticket};
+use crate::engine::Tally;
 use crate::error::Result;
-use crate::scope::Scope;
+use crate::model::claim::Claim;
+use crate::model::scope::Scope;
+use crate::model::ticket::Ticket;
+use crate::stats::Counters;
+use crate::sync::Arc;
 use std::future::Future;
 use std::path::Path;
-
-#[cfg(feature = "metrics")]
-use std::sync::Arc;
 
 /// Whether anything is observed at all. Work done only to be observed (counting the orphans an
 /// open found) is skipped without.
@@ -29,6 +32,7 @@ pub(crate) enum Op {
     Release,
     Extend,
     Reap,
+    Resolve,
     Purge,
     Wait,
 }
@@ -45,10 +49,11 @@ pub(crate) enum Subject<'a> {
 /// One store's instruments, shared by its clones and by the stores a heal replaces it with.
 #[derive(Clone, Default)]
 pub(crate) struct Observer {
+    counters: Arc<Counters>,
     #[cfg(feature = "metrics")]
     meters: Arc<meters::Meters>,
     #[cfg(feature = "tracing")]
-    name: Option<std::sync::Arc<str>>,
+    name: Option<Arc<str>>,
 }
 
 impl std::fmt::Debug for Observer {
@@ -111,11 +116,17 @@ impl Observer {
     #[allow(unused_variables)]
     pub(crate) fn attach(name: Option<&str>, file: Option<&Path>) -> Observer {
         Observer {
+            counters: Arc::default(),
             #[cfg(feature = "metrics")]
             meters: Arc::new(meters::Meters::register(name, file)),
             #[cfg(feature = "tracing")]
-            name: name.map(std::sync::Arc::from),
+            name: name.map(Arc::from),
         }
+    }
+
+    /// The store's counters, for [`crate::Stats`].
+    pub(crate) fn counters(&self) -> &Counters {
+        &self.counters
     }
 
     /// The span of a claim; [`Span::claimed`] closes it.
@@ -145,6 +156,7 @@ impl Observer {
                     Op::Release => op_span!("release", store),
                     Op::Extend => op_span!("extend", store),
                     Op::Reap => op_span!("reap", store),
+                    Op::Resolve => op_span!("resolve", store),
                     Op::Purge => op_span!("purge", store),
                     Op::Wait => op_span!("wait", store),
                 };
@@ -174,12 +186,12 @@ impl Observer {
             }
             Subject::Ticket(ticket) => {
                 if let Some((tenant, endpoint, _)) =
-                    crate::scope::scoped_key_parts(&ticket.key.bytes)
+                    crate::model::scope::scoped_key_parts(ticket.key())
                 {
                     span.record("tenant", tenant);
                     span.record("endpoint", endpoint);
                 }
-                span.record("fence", ticket.fence);
+                span.record("fence", ticket.fence());
             }
             Subject::Store => {}
         }
@@ -348,11 +360,23 @@ impl Span<'_> {
         result
     }
 
-    /// [`Span::call`] for a reap or a purge, which returns how many records it resolved or
-    /// deleted.
-    pub(crate) fn call_counted(self, f: impl FnOnce() -> Result<usize>) -> Result<usize> {
+    /// [`Span::call`] for a reap or a purge, which tallies how many records it resolved or
+    /// deleted (counted even when an error stopped it).
+    pub(crate) fn call_counted(self, f: impl FnOnce() -> Tally) -> Result<usize> {
+        let tally = self.run(f);
+        let result = match tally.stopped {
+            None => Ok(tally.done),
+            Some(e) => Err(e),
+        };
+        self.finish_counted(&result, tally.done as u64);
+        result
+    }
+
+    /// [`Span::call`] for a resolve, which resolved one claim or none.
+    pub(crate) fn call_resolved(self, f: impl FnOnce() -> Result<bool>) -> Result<bool> {
         let result = self.run(f);
-        self.finish_count(&result);
+        let count = u64::from(matches!(result, Ok(true)));
+        self.finish_counted(&result, count);
         result
     }
 
@@ -383,6 +407,20 @@ impl Span<'_> {
             Ok(Claim::Acquired(ticket)) => ticket.takeover(),
             _ => None,
         };
+        let c = &self.observer.counters;
+        let counter = match decision {
+            Decision::Acquired => Some(&c.acquired),
+            Decision::Replay => Some(&c.replays),
+            Decision::InProgress => Some(&c.in_progress),
+            Decision::Mismatch => Some(&c.mismatches),
+            Decision::Error => None,
+        };
+        if let Some(counter) = counter {
+            Counters::bump(counter, 1);
+        }
+        if takeover.is_some() {
+            Counters::bump(&c.takeovers, 1);
+        }
         #[cfg(feature = "metrics")]
         {
             let m = &self.observer.meters;
@@ -429,21 +467,28 @@ impl Span<'_> {
         self.finish_counted(result, u64::from(result.is_ok()));
     }
 
-    /// Closes the span of a reap or a purge, which resolved or deleted `count` records.
-    fn finish_count(self, result: &Result<usize>) {
-        let count = result.as_ref().map_or(0, |&n| n as u64);
-        self.finish_counted(result, count);
-    }
-
+    /// Closes the span of an operation that did something `count` times (a completion, a
+    /// release: once), counting it.
     #[allow(unused_variables)]
     fn finish_counted<T>(self, result: &Result<T>, count: u64) {
+        let c = &self.observer.counters;
+        let counter = match self.op {
+            Some(Op::Complete) => Some(&c.completes),
+            Some(Op::Release) => Some(&c.releases),
+            Some(Op::Reap | Op::Resolve) => Some(&c.reaped),
+            Some(Op::Purge) => Some(&c.purged),
+            _ => None,
+        };
+        if let Some(counter) = counter {
+            Counters::bump(counter, count);
+        }
         #[cfg(feature = "metrics")]
         {
             let m = &self.observer.meters;
             let counter = match self.op {
                 Some(Op::Complete) => Some(&m.completes),
                 Some(Op::Release) => Some(&m.releases),
-                Some(Op::Reap) => Some(&m.reaped),
+                Some(Op::Reap | Op::Resolve) => Some(&m.reaped),
                 Some(Op::Purge) => Some(&m.purged),
                 _ => None,
             };
@@ -458,7 +503,7 @@ impl Span<'_> {
                 Err(e) => {
                     span.record("error", tracing::field::display(e));
                 }
-                Ok(_) if matches!(self.op, Some(Op::Reap | Op::Purge)) => {
+                Ok(_) if matches!(self.op, Some(Op::Reap | Op::Resolve | Op::Purge)) => {
                     span.record("count", count);
                 }
                 Ok(_) => {}

@@ -9,8 +9,8 @@
 //! `postgres/mod.rs`). Entries are evicted oldest first once their bytes pass the budget. Each
 //! entry keeps its scoped key and full fingerprint, so a hit is checked exactly as a read is.
 
-use crate::fingerprint::Fingerprint;
-use crate::response::Response;
+use crate::model::fingerprint::Fingerprint;
+use crate::model::response::Response;
 use crate::sync::{Arc, Mutex};
 use std::collections::hash_map::RandomState;
 use std::collections::{HashMap, VecDeque};

@@ -20,7 +20,9 @@ pub struct Stats {
     pub releases: u64,
     /// Acquired claims that took over a stale claim.
     pub takeovers: u64,
-    /// Stale claims a [`crate::Store::reap`] resolver released or completed.
+    /// Stale claims a [`crate::Store::reap`] resolver or [`crate::Store::resolve`] released
+    /// or completed, durably (a reap stopped by an oversize response counts what it resolved
+    /// before).
     pub reaped: u64,
     /// Acquired claims withdrawn because nobody received them (a
     /// [`crate::Store::claim_async`] future dropped before it returned the ticket).
@@ -32,8 +34,11 @@ pub struct Stats {
     pub commit_batches: u64,
     /// Commits that were checkpoints: durable redb commits after which the journal starts over.
     pub checkpoints: u64,
-    /// Records in the index now (in progress or completed, expired ones not yet purged included).
-    pub live_records: u64,
+    /// Records the store holds now (in progress or completed, expired ones not yet purged
+    /// included), on a file: the index's count, read without touching the disk. `None` on
+    /// PostgreSQL, where counting means reading the whole table: ask
+    /// [`crate::Store::record_count`], which can fail, when the figure is worth that.
+    pub live_records: Option<u64>,
     /// Bytes of the records in the store file as of the last commit: each record's encoded
     /// key, fingerprint, times and response, what [`crate::StoreBuilder::max_store_bytes`]
     /// limits. The files are larger (redb's pages and free space, the journal). Always 0 on
@@ -44,6 +49,8 @@ pub struct Stats {
     pub heals: u64,
 }
 
+/// The answers the store gave, counted once above the engines: the observer classifies every
+/// answer at the seam (`crate::observe`), whichever engine gave it.
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
     pub(crate) acquired: AtomicU64,
@@ -54,13 +61,18 @@ pub(crate) struct Counters {
     pub(crate) releases: AtomicU64,
     pub(crate) takeovers: AtomicU64,
     pub(crate) reaped: AtomicU64,
-    pub(crate) withdrawn: AtomicU64,
     pub(crate) purged: AtomicU64,
-    pub(crate) heals: AtomicU64,
-    /// Commit batches and checkpoints of the stores a heal replaced, so that the figures keep
-    /// counting across a heal.
-    pub(crate) batches_before: AtomicU64,
-    pub(crate) checkpoints_before: AtomicU64,
+}
+
+/// What only the engine knows.
+#[derive(Debug, Default)]
+pub(crate) struct EngineFigures {
+    pub(crate) withdrawn: u64,
+    pub(crate) commit_batches: u64,
+    pub(crate) checkpoints: u64,
+    pub(crate) live_records: Option<u64>,
+    pub(crate) stored_bytes: u64,
+    pub(crate) heals: u64,
 }
 
 impl Counters {
@@ -68,13 +80,8 @@ impl Counters {
         counter.fetch_add(by, Ordering::Relaxed);
     }
 
-    pub(crate) fn snapshot(
-        &self,
-        commit_batches: u64,
-        checkpoints: u64,
-        live_records: u64,
-        stored_bytes: u64,
-    ) -> Stats {
+    /// The counters as they are now, with the engine's figures.
+    pub(crate) fn snapshot(&self, engine: EngineFigures) -> Stats {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         Stats {
             acquired: get(&self.acquired),
@@ -85,13 +92,13 @@ impl Counters {
             releases: get(&self.releases),
             takeovers: get(&self.takeovers),
             reaped: get(&self.reaped),
-            withdrawn: get(&self.withdrawn),
+            withdrawn: engine.withdrawn,
             purged: get(&self.purged),
-            commit_batches: commit_batches + get(&self.batches_before),
-            checkpoints: checkpoints + get(&self.checkpoints_before),
-            live_records,
-            stored_bytes,
-            heals: get(&self.heals),
+            commit_batches: engine.commit_batches,
+            checkpoints: engine.checkpoints,
+            live_records: engine.live_records,
+            stored_bytes: engine.stored_bytes,
+            heals: engine.heals,
         }
     }
 }

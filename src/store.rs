@@ -1,16 +1,19 @@
 //! The public store: one type over two engines. Every operation is documented here, once, and
-//! dispatched to the engine the store was opened on: the file engine (`crate::file`) or the
-//! PostgreSQL engine (`crate::postgres`, feature `postgres`). Nothing engine-specific leaks
-//! above this seam.
+//! dispatched through the engine seam (`crate::engine`) to the engine the store was opened on:
+//! the file engine (`crate::file`) or the PostgreSQL engine (`crate::postgres`, feature
+//! `postgres`). The rules both engines obey are applied here, before either sees a call: a
+//! store that halted answers `Halted` before anything else, a ticket must be the serving
+//! engine's, a response must fit the limit, and every answer is counted (`crate::observe`).
 
-use crate::claim::{Claim, Entry, Resolution, StaleClaim, Ticket};
-use crate::error::Result;
-use crate::file::heal::Healing;
-use crate::fingerprint::Fingerprint;
-use crate::listing::{ListedRecord, Query};
+use crate::engine::{dispatch, Engine};
+use crate::error::{Error, Result};
+use crate::model::claim::{Claim, Entry, Resolution, StaleClaim};
+use crate::model::fingerprint::Fingerprint;
+use crate::model::listing::{ListedRecord, Query};
+use crate::model::response::Response;
+use crate::model::scope::Scope;
+use crate::model::ticket::Ticket;
 use crate::observe::{Observer, Op, Subject};
-use crate::response::Response;
-use crate::scope::Scope;
 use crate::stats::Stats;
 use std::future::Future;
 use std::ops::ControlFlow;
@@ -48,45 +51,63 @@ use std::time::Duration;
 #[derive(Clone, Debug)]
 pub struct Store {
     pub(crate) engine: Engine,
-    /// Spans and metrics (features `tracing`, `metrics`); empty without them.
+    /// The store's counters, spans and metrics.
     observer: Observer,
-}
-
-/// The engine a store runs on.
-#[derive(Clone, Debug)]
-pub(crate) enum Engine {
-    File(Healing),
-    #[cfg(feature = "postgres")]
-    Postgres(crate::postgres::PgStore),
-}
-
-/// Runs `$call` on the store's engine, bound to `$e`.
-macro_rules! dispatch {
-    ($store:expr, $e:ident => $call:expr) => {
-        match &$store.engine {
-            Engine::File(healing) => {
-                let $e = &healing.current();
-                $call
-            }
-            #[cfg(feature = "postgres")]
-            Engine::Postgres($e) => $call,
-        }
-    };
+    /// The largest response a completion may store ([`crate::StoreBuilder::max_response_bytes`]).
+    max_response_bytes: usize,
 }
 
 impl Store {
-    pub(crate) fn file(store: Healing) -> Store {
+    pub(crate) fn new(engine: Engine, config: &crate::config::Config) -> Store {
         Store {
-            observer: store.observer().clone(),
-            engine: Engine::File(store),
+            engine,
+            observer: config.observer.clone(),
+            max_response_bytes: config.max_response_bytes,
         }
     }
 
-    #[cfg(feature = "postgres")]
-    pub(crate) fn postgres(store: crate::postgres::PgStore, observer: Observer) -> Store {
-        Store {
-            engine: Engine::Postgres(store),
-            observer,
+    /// `ticket`, if `issuer` (the engine serving now) issued it and it is unspent; else
+    /// `LeaseLost` (a ticket of another store, or of the store a heal replaced).
+    fn held<T: std::borrow::Borrow<Ticket>>(ticket: T, issuer: *const ()) -> Result<T> {
+        if ticket.borrow().issued_by(issuer) {
+            Ok(ticket)
+        } else {
+            Err(Error::LeaseLost {
+                fence: ticket.borrow().fence(),
+            })
+        }
+    }
+
+    /// `Err(ResponseTooLarge)` (without a ticket) if `response` is over the limit.
+    fn fits(&self, response: &Response) -> Result<()> {
+        let size = response.encoded_size();
+        if size > self.max_response_bytes {
+            return Err(Error::ResponseTooLarge {
+                size,
+                limit: self.max_response_bytes,
+                ticket: None,
+            });
+        }
+        Ok(())
+    }
+
+    /// A held ticket with a response that fits, ready for an engine to complete; an oversize
+    /// response hands the ticket back in its error.
+    fn completable(
+        &self,
+        ticket: Ticket,
+        response: &Response,
+        issuer: *const (),
+    ) -> Result<Ticket> {
+        let ticket = Self::held(ticket, issuer)?;
+        match self.fits(response) {
+            Ok(()) => Ok(ticket),
+            Err(Error::ResponseTooLarge { size, limit, .. }) => Err(Error::ResponseTooLarge {
+                size,
+                limit,
+                ticket: Some(Box::new(ticket)),
+            }),
+            Err(e) => Err(e),
         }
     }
 
@@ -114,7 +135,7 @@ impl Store {
     pub fn claim(&self, scope: &Scope, key: &str, fingerprint: Fingerprint) -> Result<Claim> {
         self.observer
             .claim(scope)
-            .claim(|| dispatch!(self, e => e.claim(scope, key, fingerprint)))
+            .claim(|| dispatch!(&self.engine, e => e.claim(scope, key, fingerprint)))
     }
 
     /// Stores `response` for the ticket's key and ends the claim: every later claim with the
@@ -136,7 +157,13 @@ impl Store {
     pub fn complete(&self, ticket: Ticket, response: Response) -> Result<()> {
         self.observer
             .op(Op::Complete, Subject::Ticket(&ticket))
-            .call(|| dispatch!(self, e => e.complete(ticket, response)))
+            .call(|| {
+                dispatch!(&self.engine, e => {
+                    e.check()?;
+                    let ticket = self.completable(ticket, &response, e.issuer())?;
+                    e.complete(ticket, response)
+                })
+            })
     }
 
     /// Deletes the claim, durably, so the next claim of the key is `Acquired` and executes.
@@ -154,7 +181,12 @@ impl Store {
     pub fn release(&self, ticket: Ticket) -> Result<()> {
         self.observer
             .op(Op::Release, Subject::Ticket(&ticket))
-            .call(|| dispatch!(self, e => e.release(ticket)))
+            .call(|| {
+                dispatch!(&self.engine, e => {
+                    e.check()?;
+                    e.release(Self::held(ticket, e.issuer())?)
+                })
+            })
     }
 
     /// Renews the ticket's lease to run until `by` from now, durably, so a slow handler is not
@@ -168,7 +200,12 @@ impl Store {
     pub fn extend(&self, ticket: &Ticket, by: Duration) -> Result<()> {
         self.observer
             .op(Op::Extend, Subject::Ticket(ticket))
-            .call(|| dispatch!(self, e => e.extend(ticket, by)))
+            .call(|| {
+                dispatch!(&self.engine, e => {
+                    e.check()?;
+                    e.extend(Self::held(ticket, e.issuer())?, by)
+                })
+            })
     }
 
     /// The record of `key` in `scope` as claims see it now: `None` if absent or expired.
@@ -182,18 +219,41 @@ impl Store {
     /// its checksum; [`crate::Error::Halted`] after a failed commit.
     /// On PostgreSQL, [`crate::Error::Database`] if the database fails or cannot be reached.
     pub fn get(&self, scope: &Scope, key: &str) -> Result<Option<Entry>> {
-        dispatch!(self, e => e.get(scope, key))
+        dispatch!(&self.engine, e => e.get(scope, key))
     }
 
     /// The lease a new claim gets ([`crate::StoreBuilder::lease`]); what a slow handler
     /// usually renews its claim by with [`Store::extend`].
     pub fn lease_duration(&self) -> Duration {
-        dispatch!(self, e => e.lease_duration())
+        dispatch!(&self.engine, e => e.lease_duration())
     }
 
-    /// The counters since the store was opened.
+    /// The counters since the store was opened, and what the engine knows without asking the
+    /// disk or the database: nothing here does I/O, so it may be called as often as a metrics
+    /// scrape wants.
+    ///
+    /// ```
+    /// use idemdb::{Claim, Fingerprint, Scope, Store};
+    /// let store = Store::in_memory()?;
+    /// let Claim::Acquired(t) = store.claim(&Scope::new("t", "POST /x"), "k", Fingerprint::of(b""))? else { panic!() };
+    /// let stats = store.stats();
+    /// assert_eq!((stats.acquired, stats.live_records), (1, Some(1)));
+    /// # drop(t);
+    /// # Ok::<(), idemdb::Error>(())
+    /// ```
     pub fn stats(&self) -> Stats {
-        dispatch!(self, e => e.stats())
+        self.observer.counters().snapshot(self.engine.figures())
+    }
+
+    /// How many records the store holds (in progress or completed, expired ones not yet
+    /// purged included). On a file this is the index's count, as [`Stats::live_records`]
+    /// has it; on PostgreSQL it counts the table's rows, a read of the whole table.
+    ///
+    /// # Errors
+    /// [`crate::Error::Halted`] after a failed commit on a file; on PostgreSQL,
+    /// [`crate::Error::Database`] if the database fails or cannot be reached.
+    pub fn record_count(&self) -> Result<u64> {
+        dispatch!(&self.engine, e => e.record_count())
     }
 
     /// [`Store::claim`], awaiting the claim's fsync instead of blocking on it.
@@ -217,7 +277,7 @@ impl Store {
     ) -> Result<Claim> {
         let span = self.observer.claim(scope);
         span.claim_async(async {
-            dispatch!(self, e => e.claim_async(scope, key, fingerprint).await)
+            dispatch!(&self.engine, e => e.claim_async(scope, key, fingerprint).await)
         })
         .await
     }
@@ -232,8 +292,14 @@ impl Store {
     /// On PostgreSQL, [`crate::Error::Database`] if the database fails or cannot be reached.
     pub async fn complete_async(&self, ticket: Ticket, response: Response) -> Result<()> {
         let span = self.observer.op(Op::Complete, Subject::Ticket(&ticket));
-        span.call_async(async { dispatch!(self, e => e.complete_async(ticket, response).await) })
-            .await
+        span.call_async(async {
+            dispatch!(&self.engine, e => {
+                e.check()?;
+                let ticket = self.completable(ticket, &response, e.issuer())?;
+                e.complete_async(ticket, response).await
+            })
+        })
+        .await
     }
 
     /// [`Store::release`], awaiting the fsync instead of blocking on it.
@@ -243,8 +309,13 @@ impl Store {
     /// On PostgreSQL, [`crate::Error::Database`] if the database fails or cannot be reached.
     pub async fn release_async(&self, ticket: Ticket) -> Result<()> {
         let span = self.observer.op(Op::Release, Subject::Ticket(&ticket));
-        span.call_async(async { dispatch!(self, e => e.release_async(ticket).await) })
-            .await
+        span.call_async(async {
+            dispatch!(&self.engine, e => {
+                e.check()?;
+                e.release_async(Self::held(ticket, e.issuer())?).await
+            })
+        })
+        .await
     }
 
     /// [`Store::extend`], awaiting the fsync instead of blocking on it.
@@ -254,8 +325,13 @@ impl Store {
     /// On PostgreSQL, [`crate::Error::Database`] if the database fails or cannot be reached.
     pub async fn extend_async(&self, ticket: &Ticket, by: Duration) -> Result<()> {
         let span = self.observer.op(Op::Extend, Subject::Ticket(ticket));
-        span.call_async(async { dispatch!(self, e => e.extend_async(ticket, by).await) })
-            .await
+        span.call_async(async {
+            dispatch!(&self.engine, e => {
+                e.check()?;
+                e.extend_async(Self::held(ticket, e.issuer())?, by).await
+            })
+        })
+        .await
     }
 
     /// Hands every stale claim to `resolver` and applies its decision: claims whose lease ran
@@ -294,10 +370,71 @@ impl Store {
     /// [`crate::Error::ResponseTooLarge`] if the resolver returns an oversize response (claims resolved
     /// before it stay resolved and durable); [`crate::Error::Halted`] / [`crate::Error::Io`] if a commit fails.
     /// On PostgreSQL, [`crate::Error::Database`] if the database fails or cannot be reached.
-    pub fn reap(&self, resolver: impl FnMut(&StaleClaim) -> Resolution) -> Result<usize> {
+    pub fn reap(&self, mut resolver: impl FnMut(&StaleClaim) -> Resolution) -> Result<usize> {
+        let checked = |stale: &StaleClaim| {
+            let decision = resolver(stale);
+            if let Resolution::Complete(response) = &decision {
+                self.fits(response)?;
+            }
+            Ok(decision)
+        };
         self.observer
             .op(Op::Reap, Subject::Store)
-            .call_counted(|| dispatch!(self, e => e.reap(resolver)))
+            .call_counted(|| dispatch!(&self.engine, e => e.reap(checked)))
+    }
+
+    /// Resolves one stale claim, as [`Store::reap`] would if its resolver decided `resolution`
+    /// for it: the claim of `key` in `scope` with fence `fence`, if its lease ran out or its
+    /// holder is gone (an orphan). Returns `true` if it was released or completed; `false` if
+    /// nothing changed: the key holds no record, or a record with another fence, or a
+    /// completion, or a claim whose lease still runs (wait for it, or stop its holder), or
+    /// `resolution` is [`Resolution::Keep`]. This is what an operator's reconcile of one stuck
+    /// claim needs (`idemdb resolve`), without offering every stale claim to a resolver.
+    ///
+    /// ```
+    /// use idemdb::{Claim, Fingerprint, ManualClock, Resolution, Response, Scope, Store};
+    /// use std::time::Duration;
+    /// let clock = ManualClock::new();
+    /// let store = Store::builder().clock(clock.clone()).in_memory()?;
+    /// let scope = Scope::new("t", "POST /x");
+    /// let Claim::Acquired(ticket) = store.claim(&scope, "k1", Fingerprint::of(b"x"))? else { panic!() };
+    /// let fence = ticket.fence();
+    /// drop(ticket); // the handler crashed after charging the card
+    /// // Its lease still runs out in the future? A dropped ticket's claim is an orphan at once.
+    /// let charged = Response::new(201, "paid");
+    /// assert!(store.resolve(&scope, "k1", fence, Resolution::Complete(charged))?);
+    /// assert!(matches!(store.claim(&scope, "k1", Fingerprint::of(b"x"))?, Claim::Replay(_)));
+    /// # Ok::<(), idemdb::Error>(())
+    /// ```
+    ///
+    /// # Concurrency
+    /// As a reap: the claim is changed only if it is still the stale claim with that fence;
+    /// its holder, if any, gets [`crate::Error::LeaseLost`] from its next `complete`,
+    /// `release` or `extend`.
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidKey`] / [`crate::Error::InvalidScope`] for bad input;
+    /// [`crate::Error::ResponseTooLarge`] for an oversize response (nothing changed);
+    /// [`crate::Error::Halted`] / [`crate::Error::Io`] if the commit fails.
+    /// On PostgreSQL, [`crate::Error::Database`] if the database fails or cannot be reached.
+    pub fn resolve(
+        &self,
+        scope: &Scope,
+        key: &str,
+        fence: u64,
+        resolution: Resolution,
+    ) -> Result<bool> {
+        self.observer
+            .op(Op::Resolve, Subject::Scope(scope))
+            .call_resolved(|| {
+                dispatch!(&self.engine, e => {
+                    e.check()?;
+                    if let Resolution::Complete(response) = &resolution {
+                        self.fits(response)?;
+                    }
+                    e.resolve(scope, key, fence, resolution)
+                })
+            })
     }
 
     /// Deletes every record whose TTL ran out, and returns how many. Expired records are
@@ -318,7 +455,7 @@ impl Store {
     pub fn purge_expired(&self) -> Result<usize> {
         self.observer
             .op(Op::Purge, Subject::Store)
-            .call_counted(|| dispatch!(self, e => e.purge_expired()))
+            .call_counted(|| dispatch!(&self.engine, e => e.purge_expired()))
     }
 
     /// Blocks until no claim holds `key` in `scope`, or `timeout` passes: until a claim of the
@@ -365,7 +502,7 @@ impl Store {
     pub fn wait(&self, scope: &Scope, key: &str, timeout: Duration) -> Result<bool> {
         self.observer
             .op(Op::Wait, Subject::Scope(scope))
-            .call(|| dispatch!(self, e => e.wait(scope, key, timeout)))
+            .call(|| dispatch!(&self.engine, e => e.wait(scope, key, timeout)))
     }
 
     /// [`Store::wait`] without blocking the thread: the future is woken by the change itself,
@@ -388,7 +525,7 @@ impl Store {
         timeout: Duration,
     ) -> impl Future<Output = Result<bool>> + Send + '_ {
         let waiting: std::pin::Pin<Box<dyn Future<Output = Result<bool>> + Send + '_>> =
-            dispatch!(self, e => Box::pin(e.wait_async(scope, key, timeout)));
+            dispatch!(&self.engine, e => Box::pin(e.wait_async(scope, key, timeout)));
         let span = self.observer.op(Op::Wait, Subject::Scope(scope));
         span.call_async(waiting)
     }
@@ -437,9 +574,9 @@ impl Store {
         each: impl FnMut(ListedRecord) -> ControlFlow<()>,
     ) -> Result<u64> {
         let mut handed = 0;
-        let mut filter = crate::listing::filtered(query, each, &mut handed);
+        let mut filter = crate::model::listing::filtered(query, each, &mut handed);
         if query.max_records() > 0 {
-            dispatch!(self, e => e.scan_each(query, &mut filter))?;
+            dispatch!(&self.engine, e => e.scan_each(query, &mut filter))?;
         }
         drop(filter);
         Ok(handed)
@@ -474,14 +611,14 @@ impl Store {
     /// ([`crate::Error::Corrupted`], [`crate::Error::Halted`], [`crate::Error::Database`]).
     #[cfg(feature = "export")]
     pub fn export(&self, mut out: impl std::io::Write) -> Result<u64> {
-        use crate::listing::RecordStatus;
+        use crate::model::listing::RecordStatus;
         let live = Query::all()
             .status(RecordStatus::InProgress)
             .status(RecordStatus::Stale)
             .status(RecordStatus::Orphan)
             .status(RecordStatus::Completed);
         let (mut exported, mut failed) = (0, None);
-        dispatch!(self, e => e.scan_each(&live, |moved, _, _| {
+        dispatch!(&self.engine, e => e.scan_each(&live, |moved, _, _| {
             match writeln!(out, "{}", moved.to_line()) {
                 Ok(()) => {
                     exported += 1;
@@ -500,15 +637,16 @@ impl Store {
         Ok(exported)
     }
 
-    /// Reads the records [`Store::export`] wrote into this store, which must hold no record:
-    /// all of them in one transaction, or none. Fences are kept, and the store's next fences
-    /// are larger than every imported one; claims in progress arrive as orphans (their holders
-    /// were another store's), which [`Store::reap`] offers at once. Returns how many records
-    /// it imported. A PostgreSQL store imports this way; a file imports when it is made, with
-    /// [`crate::StoreBuilder::import_new`].
+    /// PostgreSQL stores only: reads the records [`Store::export`] wrote into this store,
+    /// which must hold no record: all of them in one transaction, or none. A file store never
+    /// imports once open, and answers [`crate::Error::InvalidImport`]: a file is made from an
+    /// export with [`crate::StoreBuilder::import_new`]. Fences are kept, and the store's next
+    /// fences are larger than every imported one; claims in progress arrive as orphans (their
+    /// holders were another store's), which [`Store::reap`] offers at once. Returns how many
+    /// records it imported. The whole export is read into memory before the transaction
+    /// starts.
     ///
-    #[cfg_attr(feature = "postgres", doc = "```no_run")]
-    #[cfg_attr(not(feature = "postgres"), doc = "```ignore")]
+    /// ```no_run
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let file = idemdb::Store::open("payments.idem")?;
     /// let mut lines = Vec::new();
@@ -523,13 +661,10 @@ impl Store {
     ///
     /// # Errors
     /// [`crate::Error::InvalidImport`] for a line that is not an exported record (naming the
-    /// line), a key twice, a store that is not empty or is a file store (make a new file with
-    /// [`crate::StoreBuilder::import_new`]); nothing is imported then. [`crate::Error::Io`] if `input`
-    /// fails; [`crate::Error::Database`].
-    #[cfg(feature = "export")]
+    /// line), a key twice, a store that is not empty, or a file store; nothing is imported
+    /// then. [`crate::Error::Io`] if `input` fails; [`crate::Error::Database`].
+    #[cfg(feature = "postgres")]
     pub fn import(&self, input: impl std::io::BufRead) -> Result<u64> {
-        #[cfg(not(feature = "postgres"))]
-        drop(input);
         match &self.engine {
             Engine::File(_) => Err(crate::Error::InvalidImport {
                 line: 0,
@@ -537,8 +672,7 @@ impl Store {
                          StoreBuilder::import_new, or import into a PostgreSQL store"
                     .into(),
             }),
-            #[cfg(feature = "postgres")]
-            Engine::Postgres(pg) => pg.import_all(crate::transfer::read_lines(input)?),
+            Engine::Postgres(pg) => pg.import_all(crate::model::moved::read_lines(input)?),
         }
     }
 }

@@ -184,7 +184,7 @@ fn replay_of_a_record_missing_from_the_file_is_corruption_not_a_hang() {
     let key = file
         .inner
         .index
-        .key(crate::scope::scoped_key(&scope(), "ghost").unwrap());
+        .key(crate::model::scope::scoped_key(&scope(), "ghost").unwrap());
     let tag = file.inner.index.tag(&fp());
     file.inner.index.lock(&key.hash).insert(
         key.hash,
@@ -443,7 +443,7 @@ fn a_parallel_open_loads_every_record_in_its_state() {
     }
     drop(store);
     let store = open(&disk);
-    assert_eq!(store.stats().live_records, 150);
+    assert_eq!(store.record_count().unwrap(), 150);
     for (i, &fence) in fences.iter().enumerate() {
         let entry = store.get(&scope(), &format!("k{i}")).unwrap();
         match (i % 4, entry) {
@@ -511,7 +511,7 @@ fn the_replay_cache_never_serves_a_replaced_record_or_another_request() {
 #[test]
 fn two_records_for_one_key_refuse_the_open() {
     use crate::file::disk::RECORDS;
-    use crate::record::Record;
+    use crate::file::record::Record;
     use redb::ReadableTable;
     let disk = SimDisk::new();
     let store = open(&disk);
@@ -747,7 +747,7 @@ fn a_format_3_file_drops_its_expiry_table_at_its_first_open_and_still_purges() {
     let store = open();
     clock.advance(Duration::from_secs(25 * 3600));
     assert_eq!(store.purge_expired().unwrap(), 10);
-    assert_eq!(store.stats().live_records, 1, "the held claim stays");
+    assert_eq!(store.record_count().unwrap(), 1, "the held claim stays");
     assert!(matches!(
         store.claim(&scope(), "done0", fp()).unwrap(),
         Claim::Acquired(_)
@@ -894,7 +894,7 @@ fn an_open_after_a_crash_loads_the_allocator_state_and_does_not_repair() {
 #[test]
 fn a_record_that_disagrees_with_its_head_is_an_error_not_an_answer_or_a_spin() {
     use crate::file::disk::RECORDS;
-    use crate::record::{Record, RecordState};
+    use crate::file::record::{Record, RecordState};
     use redb::ReadableTable;
     type Lie = fn(&mut Record);
     let lies: [(&str, &str, Lie); 3] = [

@@ -49,7 +49,7 @@ fn a_tenant_at_its_limit_is_refused_nothing_is_stored_and_other_tenants_are_serv
         store.get(&scope("a"), "k3").unwrap().is_none(),
         "a refusal stores nothing"
     );
-    assert_eq!(store.stats().live_records, 3);
+    assert_eq!(store.record_count().unwrap(), 3);
     // Another tenant, on the same endpoint and the same key.
     let other = acquired(store.claim(&scope("b"), "k3", fp()));
     // The full tenant's own keys still answer: in progress, and once completed, replays.

@@ -690,7 +690,7 @@ fn verify(path: &Path, model: &mut Model, round: u64, lines: &[String]) {
             )),
         }
     }
-    let live = store.stats().live_records;
+    let live = store.record_count().unwrap();
     let expected = u64::try_from(model.acked.len() + landed.len()).unwrap();
     if live != expected {
         failures.push(format!(

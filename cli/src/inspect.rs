@@ -14,8 +14,9 @@ pub(crate) fn stats(target: &Target, out: &Out) -> Outcome {
     let started = Instant::now();
     let store = target.open(out)?;
     let opened = started.elapsed();
-    let total = store.stats().live_records;
-    let bar = out.progress("scanning", (total > 0).then_some(total));
+    // A count for the progress bar; on PostgreSQL a count of the table, done once.
+    let total = store.record_count().ok().filter(|&n| n > 0);
+    let bar = out.progress("scanning", total);
     let mut tally = Tally::default();
     let scanned = store.scan(&Query::all(), |r| {
         tally.add(&r);

@@ -73,18 +73,12 @@ pub(crate) fn resolve(target: &Target, args: &ResolveArgs, out: &Out) -> Outcome
     scope
         .validate()
         .and_then(|()| idemdb::validate_key(&args.key))?;
-    let resolved = store.reap(|stale| {
-        if stale.fence == args.fence && stale.key == args.key && stale.scope == scope {
-            resolution.clone()
-        } else {
-            Resolution::Keep
-        }
-    })?;
+    let resolved = store.resolve(&scope, &args.key, args.fence, resolution.clone())?;
     let done = match &resolution {
         Resolution::Complete(r) => format!("completed with status {}", r.status()),
         _ => "released".to_owned(),
     };
-    if resolved == 1 {
+    if resolved {
         if out.json {
             out.json(&json!({ "resolved": true, "fence": args.fence, "outcome": done }));
         } else {

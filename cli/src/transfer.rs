@@ -10,8 +10,9 @@ use std::time::Instant;
 pub(crate) fn export(target: &Target, out: &Out) -> Outcome {
     let started = Instant::now();
     let store = target.open(out)?;
-    let total = store.stats().live_records;
-    let bar = out.progress("exporting", (total > 0).then_some(total));
+    // A count for the progress bar; on PostgreSQL a count of the table, done once.
+    let total = store.record_count().ok().filter(|&n| n > 0);
+    let bar = out.progress("exporting", total);
     let lines = Lines {
         inner: BufWriter::with_capacity(1 << 20, std::io::stdout().lock()),
         bar: &bar,
@@ -49,11 +50,23 @@ pub(crate) fn import(target: &Target, out: &Out) -> Outcome {
             }
             Store::builder().heal_after(None).import_new(path, input)?.1
         }
-        None => target.connect()?.import(input)?,
+        None => import_shared(target, input)?,
     };
     bar.finish_and_clear();
     summary(out, "imported", imported, started);
     Ok(())
+}
+
+/// Imports into a PostgreSQL store, which must be empty.
+#[cfg(feature = "postgres")]
+fn import_shared(target: &Target, input: impl std::io::BufRead) -> Result<u64, Failure> {
+    Ok(target.connect()?.import(input)?)
+}
+
+/// Without PostgreSQL there is no shared store to import into: connecting says why.
+#[cfg(not(feature = "postgres"))]
+fn import_shared(target: &Target, _: impl std::io::BufRead) -> Result<u64, Failure> {
+    target.connect().map(|_| 0)
 }
 
 /// The summary goes to standard error for an export (standard output is the data).

@@ -854,7 +854,7 @@ fn open_and_exercise(disk: &SimDisk, input: &Input, reopen: Reopen, check: PageC
     if debug() {
         eprintln!(
             "open: ok; {} records; exercise: {exercised:?}",
-            store.stats().live_records
+            store.record_count().unwrap()
         );
     }
     if exercised.is_err() {

@@ -1,12 +1,12 @@
 //! The gateway: claim before the tool runs, store its result, replay it on every retry.
 
 use super::key::ToolCallKey;
-use crate::claim::{Resolution, Takeover};
 use crate::error::{Error, Result};
-use crate::fingerprint::Fingerprint;
 use crate::idempotent::{Attempt, Once, Ran, Step, STATUS_FAILED, STATUS_OK};
-use crate::response::Response;
-use crate::scope::Scope;
+use crate::model::claim::{Resolution, Takeover};
+use crate::model::fingerprint::Fingerprint;
+use crate::model::response::Response;
+use crate::model::scope::Scope;
 use crate::store::Store;
 use sha2::{Digest, Sha256};
 use std::panic::{self, AssertUnwindSafe};

@@ -1,6 +1,6 @@
 //! Tool-call keys: stable, injective renderings of harness-owned identifiers.
 
-use crate::scope::MAX_KEY_LEN;
+use crate::model::scope::MAX_KEY_LEN;
 use sha2::{Digest, Sha256};
 use std::fmt;
 

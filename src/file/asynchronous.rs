@@ -10,14 +10,13 @@
 //! A replay reads the stored body from the file inline (a page-cache read, typically a few
 //! microseconds).
 
-use crate::claim::{Claim, Ticket};
 use crate::error::Result;
 use crate::file::store::{Attempt, FileStore};
-use crate::fingerprint::Fingerprint;
-use crate::response::Response;
-use crate::scope::Scope;
-use crate::stats::Counters;
-use crate::sync::Ordering;
+use crate::model::claim::Claim;
+use crate::model::fingerprint::Fingerprint;
+use crate::model::response::Response;
+use crate::model::scope::Scope;
+use crate::model::ticket::Ticket;
 use std::time::Duration;
 
 impl FileStore {
@@ -38,30 +37,28 @@ impl FileStore {
                         ticket: Some(ticket),
                     };
                     self.inner.pipeline.durable(seq).await?;
-                    return Ok(self.claim_finish(unreceived.receive()));
+                    return Ok(Claim::Acquired(unreceived.receive()));
                 }
             }
         }
     }
 
     pub(crate) async fn complete_async(&self, ticket: Ticket, response: Response) -> Result<()> {
-        let (seq, ticket) = self.complete_start(ticket, response)?;
+        let (seq, hash, fence) = self.complete_start(ticket, response)?;
         self.inner.pipeline.durable(seq).await?;
-        self.complete_finish(&ticket);
+        self.mark_durable(&hash, fence);
         Ok(())
     }
 
     pub(crate) async fn release_async(&self, mut ticket: Ticket) -> Result<()> {
         let seq = self.release_start(&mut ticket)?;
-        self.inner.pipeline.durable(seq).await?;
-        Counters::bump(&self.inner.counters.releases, 1);
-        Ok(())
+        self.inner.pipeline.durable(seq).await
     }
 
     pub(crate) async fn extend_async(&self, ticket: &Ticket, by: Duration) -> Result<()> {
         let (seq, lease_until) = self.extend_start(ticket, by)?;
         self.inner.pipeline.durable(seq).await?;
-        ticket.lease_until.store(lease_until, Ordering::Relaxed);
+        ticket.renewed(lease_until);
         Ok(())
     }
 }

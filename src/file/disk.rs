@@ -7,8 +7,8 @@ use crate::error::{Damaged, Error, Result};
 use crate::file::hashing::{Hashing, SipKey};
 use crate::file::heads::{StoredHead, HEADS, HEAD_BYTES};
 use crate::file::index::{Index, KeyHash, Slot};
-use crate::record::{Head, Record};
-use crate::scope::display_scoped_key;
+use crate::file::record::{Head, Record};
+use crate::model::scope::display_scoped_key;
 use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
 
 /// fence -> encoded [`Record`] (which carries its scoped key).
@@ -438,9 +438,9 @@ fn decode_head_at(fence: u64, value: &[u8]) -> Result<(&[u8], Head)> {
     Ok((key, head))
 }
 
-fn damaged(fence: u64, value: &[u8], e: crate::record::DecodeFailure) -> Error {
+fn damaged(fence: u64, value: &[u8], e: crate::file::record::DecodeFailure) -> Error {
     let key = Record::unverified_key(value)
-        .and_then(crate::scope::split_scoped_key)
+        .and_then(crate::model::scope::split_scoped_key)
         .map(|(scope, key)| {
             format!(
                 "{:?}/{:?}/{key} (read from the damaged record)",
@@ -466,7 +466,7 @@ fn check_place(fence: u64, key: &[u8], record_fence: u64) -> Result<()> {
             format!("it says it is the record of fence {record_fence}"),
         ));
     }
-    if crate::scope::scoped_key_parts(key).is_none() {
+    if crate::model::scope::scoped_key_parts(key).is_none() {
         return Err(corrupted(fence, key, "the key is not a valid scoped key"));
     }
     Ok(())
@@ -842,7 +842,7 @@ pub(crate) fn read_many(
 mod tests {
     use super::*;
     use crate::file::hashing::SipKey;
-    use crate::record::{Record, RecordState, StoredResponse};
+    use crate::file::record::{Record, RecordState, StoredResponse};
 
     fn value(fence: u64, completed: bool) -> Vec<u8> {
         let state = if completed {
@@ -868,8 +868,8 @@ mod tests {
     }
 
     fn key(fence: u64) -> Box<[u8]> {
-        let scope = crate::scope::Scope::new("tenant", "POST /x");
-        crate::scope::scoped_key(&scope, &format!("k{fence}")).unwrap()
+        let scope = crate::model::scope::Scope::new("tenant", "POST /x");
+        crate::model::scope::scoped_key(&scope, &format!("k{fence}")).unwrap()
     }
 
     fn put(fence: u64, completed: bool, replaces: Option<Gone>) -> Op {

@@ -15,8 +15,8 @@
 
 use crate::file::hashing::Hashing;
 use crate::file::index::{Index, KeyHash, Slot, SlotState, Tag};
-use crate::record::{Head, HeadState};
-use crate::scope::tenant_of;
+use crate::file::record::{Head, HeadState};
+use crate::model::scope::tenant_of;
 use redb::TableDefinition;
 
 pub(crate) const HEAD_BYTES: usize = 48;
@@ -163,7 +163,7 @@ mod tests {
     fn a_head_names_the_same_key_tag_and_tenant_as_the_index() {
         let hashing = Hashing::new(SipKey::random());
         let index = Index::new(4, Some(10), hashing);
-        let key = crate::scope::scoped_key(&crate::Scope::new("t", "e"), "k").unwrap();
+        let key = crate::model::scope::scoped_key(&crate::Scope::new("t", "e"), "k").unwrap();
         let head = Head {
             fence: 9,
             fingerprint: [7; 32],

@@ -144,11 +144,6 @@ impl Healing {
         }
     }
 
-    /// The instruments of the store, which every store a heal opens keeps.
-    pub(crate) fn observer(&self) -> &crate::observe::Observer {
-        &self.shared.config.observer
-    }
-
     /// The store to run an operation on. One that halted starts the attempts to heal it (and
     /// answers `Halted` meanwhile).
     pub(crate) fn current(&self) -> FileStore {
@@ -245,7 +240,6 @@ impl Shared {
         })?;
         healed.continue_counting(&halted);
         *self.current.write() = healed;
-        halted.inner.counters.heals.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 

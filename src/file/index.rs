@@ -16,7 +16,7 @@
 //! the same way; a replay and a takeover compare the full fingerprint from disk.
 
 use crate::file::hashing::Hashing;
-use crate::fingerprint::Fingerprint;
+use crate::model::fingerprint::Fingerprint;
 use crate::sync::{CachePadded, Mutex, MutexGuard};
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hash, Hasher};
@@ -37,10 +37,6 @@ impl KeyHash {
     pub(crate) fn parts(&self) -> (u64, u64) {
         (self.lo, self.hi)
     }
-
-    /// The hash of a key on an engine without an index (PostgreSQL): never looked up.
-    #[cfg(feature = "postgres")]
-    pub(crate) const UNHASHED: KeyHash = KeyHash { lo: 0, hi: 0 };
 }
 
 impl Hash for KeyHash {

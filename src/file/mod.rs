@@ -16,6 +16,7 @@ pub(crate) mod journal;
 pub(crate) mod maintenance;
 pub(crate) mod open;
 pub(crate) mod platform;
+pub(crate) mod record;
 pub(crate) mod scan;
 pub(crate) mod store;
 pub(crate) mod tenants;

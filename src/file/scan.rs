@@ -4,11 +4,12 @@ use crate::clock::to_millis;
 use crate::error::Result;
 use crate::file::disk;
 use crate::file::index::{KeyHash, Slot, SlotState};
+use crate::file::record::RecordState;
 use crate::file::store::FileStore;
-use crate::listing::{Moved, MovedState, Query, RecordStatus};
-use crate::record::RecordState;
-use crate::response::Response;
-use crate::scope::split_scoped_key;
+use crate::model::listing::{Query, RecordStatus};
+use crate::model::moved::{Moved, MovedState};
+use crate::model::response::Response;
+use crate::model::scope::split_scoped_key;
 use std::ops::ControlFlow;
 
 /// Records read from the file per read transaction.

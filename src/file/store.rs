@@ -3,23 +3,24 @@
 //! async forms are `asynchronous.rs`. What each operation promises is documented once, on the
 //! public [`crate::Store`].
 
-use crate::claim::{Claim, Entry, EntryState, Holder, Takeover, Ticket};
 use crate::clock::{duration_millis, from_millis, to_millis};
 use crate::config::{Config, StalePolicy};
 use crate::error::{Damaged, Error, Result};
 use crate::file::commit::{Pipeline, Seq};
 use crate::file::disk::{self, Gone, Op};
-use crate::file::index::{Index, IndexKey, Slot, SlotState, Tag};
+use crate::file::index::{Index, IndexKey, KeyHash, Slot, SlotState, Tag};
 use crate::file::journal::Journal;
+use crate::file::record::RecordState as Stored;
+use crate::file::record::{Record, RecordState};
 use crate::file::watch::Watchers;
-use crate::fingerprint::Fingerprint;
-use crate::record::RecordState as Stored;
-use crate::record::{response_size, Record, RecordState};
+use crate::model::claim::{Claim, Entry, EntryState, Takeover};
+use crate::model::fingerprint::Fingerprint;
+use crate::model::response::Response;
+use crate::model::scope::{display_scoped_key, scoped_key, Scope};
+use crate::model::ticket::{Issued, Issuer, Ticket};
 use crate::replay_cache::{Cached, ReplayCache};
-use crate::response::Response;
-use crate::scope::{display_scoped_key, scoped_key, Scope};
-use crate::stats::{Counters, Stats};
-use crate::sync::{Arc, AtomicU64, Ordering};
+use crate::stats::EngineFigures;
+use crate::sync::{Arc, AtomicU64, Ordering, Weak};
 use std::time::Duration;
 
 /// The file engine: one process owns one redb file, with its index in memory.
@@ -34,15 +35,45 @@ pub(crate) struct Inner {
     pub(crate) pipeline: Arc<Pipeline>,
     pub(crate) config: Config,
     /// Shared with the stores a heal replaced and replaces this one with.
-    pub(crate) counters: Arc<Counters>,
+    pub(crate) carried: Arc<Carried>,
     replays: ReplayCache,
     next_fence: AtomicU64,
     pub(crate) watchers: Arc<Watchers>,
 }
 
+/// What the file engine counts itself (the answers are counted above the seam), carried over
+/// by a heal to the store it opens.
+#[derive(Debug, Default)]
+pub(crate) struct Carried {
+    pub(crate) withdrawn: AtomicU64,
+    pub(crate) heals: AtomicU64,
+    /// Commit batches and checkpoints of the stores a heal replaced.
+    batches_before: AtomicU64,
+    checkpoints_before: AtomicU64,
+}
+
 impl Drop for Inner {
     fn drop(&mut self) {
         self.pipeline.close();
+    }
+}
+
+impl Issuer for Inner {
+    /// If the ticket still holds its claim, the claim is an orphan now. Nothing is written:
+    /// the claim stays in progress until its lease runs out (the side effect may have
+    /// happened), but `reap` offers it at once and duplicates are told to come back when the
+    /// lease ends.
+    fn holder_gone(&self, key: &[u8], fence: u64) {
+        let hash = self.index.hash(key);
+        let mut stripe = self.index.lock(&hash);
+        if let Some(slot) = stripe.get_mut(&hash).filter(|s| s.fence() == fence) {
+            if let SlotState::InProgress { lease_until, .. } = slot.state() {
+                slot.set_state(SlotState::InProgress {
+                    lease_until,
+                    orphan: true,
+                });
+            }
+        }
     }
 }
 
@@ -86,10 +117,20 @@ impl FileStore {
                 watchers,
                 replays: ReplayCache::new(config.replay_cache_bytes),
                 config,
-                counters: Arc::default(),
+                carried: Arc::default(),
                 next_fence: AtomicU64::new(loaded.high_fence + 1),
             }),
         }
+    }
+
+    /// The identity its tickets carry: this store's, not the one a heal replaces it with.
+    pub(crate) fn issuer(&self) -> *const () {
+        Arc::as_ptr(&self.inner).cast()
+    }
+
+    /// `Halted` once a commit failed.
+    pub(crate) fn check(&self) -> Result<()> {
+        self.inner.pipeline.check()
     }
 
     pub(crate) fn now(&self) -> u64 {
@@ -109,7 +150,7 @@ impl FileStore {
                 Attempt::Again => continue,
                 Attempt::Queued(seq, ticket) => {
                     self.inner.pipeline.wait(seq)?;
-                    return Ok(self.claim_finish(ticket));
+                    return Ok(Claim::Acquired(ticket));
                 }
             }
         }
@@ -120,19 +161,9 @@ impl FileStore {
         Ok(self.inner.index.key(scoped_key(scope, key)?))
     }
 
-    pub(crate) fn claim_finish(&self, ticket: Ticket) -> Claim {
-        let c = &self.inner.counters;
-        Counters::bump(&c.acquired, 1);
-        if ticket.takeover.is_some() {
-            Counters::bump(&c.takeovers, 1);
-        }
-        Claim::Acquired(ticket)
-    }
-
     /// One attempt, up to queueing the claim's write.
     pub(crate) fn claim_start(&self, key: &IndexKey, fingerprint: Fingerprint) -> Result<Attempt> {
         let inner = &*self.inner;
-        let c = &inner.counters;
         let now = self.now();
         let tag = inner.index.tag(&fingerprint);
         let stripe = inner.index.lock(&key.hash);
@@ -143,7 +174,6 @@ impl FileStore {
                     Some(Gone::of(slot))
                 }
                 _ if slot.tag() != tag => {
-                    Counters::bump(&c.mismatches, 1);
                     let completed = matches!(slot.state(), SlotState::Completed { .. });
                     return Ok(Attempt::Answer(Claim::Mismatch { completed }));
                 }
@@ -241,15 +271,18 @@ impl FileStore {
             (None, true) => inner.config.observer.census(1, -1),
             (None, false) => inner.config.observer.census(1, 0),
         }
-        let ticket = Ticket {
-            holder: Holder::File(Arc::downgrade(&self.inner)),
-            key: key.clone(),
-            fence,
-            fingerprint,
-            claimed_at: now,
-            lease_until: AtomicU64::new(lease_until),
-            takeover,
-        };
+        let issuer: Weak<dyn Issuer> = Arc::downgrade(&self.inner) as Weak<Inner>;
+        let ticket = Ticket::issue(
+            issuer,
+            Issued {
+                key: key.bytes.clone(),
+                fence,
+                fingerprint,
+                claimed_at: now,
+                lease_until,
+                takeover,
+            },
+        );
         Ok(Attempt::Queued(seq, ticket))
     }
 
@@ -267,7 +300,6 @@ impl FileStore {
             return Ok(Attempt::Again);
         };
         if previous.fingerprint() != fingerprint {
-            Counters::bump(&self.inner.counters.mismatches, 1);
             return Ok(Attempt::Answer(Claim::Mismatch { completed: false }));
         }
         let stripe = self.inner.index.lock(&key.hash);
@@ -292,54 +324,33 @@ impl FileStore {
         )
     }
 
-    /// An `InProgress` answer. `lease_remaining` is zero when no live lease bounds the wait (a
-    /// completion being made durable, or a stale claim kept for the reaper): the hint stands
-    /// alone then. When the holder is gone (`orphan`: its ticket was dropped, or its process
-    /// died) nothing but the lease's end (or a reap) frees the key, so the honest retry time
-    /// is the lease's end, not the short hint.
+    /// An `InProgress` answer (see [`Claim::in_progress`]).
     fn in_progress(&self, lease_remaining: Duration, orphan: bool) -> Claim {
-        Counters::bump(&self.inner.counters.in_progress, 1);
-        let hint = self.inner.config.retry_after;
-        let retry_after = if lease_remaining.is_zero() {
-            hint
-        } else if orphan {
-            lease_remaining
-        } else {
-            hint.min(lease_remaining)
-        };
-        Claim::InProgress {
-            retry_after,
-            lease_remaining,
-        }
+        Claim::in_progress(self.inner.config.retry_after, lease_remaining, orphan)
     }
 
     /// Reads a completed record's response. The index said `fence` is completed and durable
     /// and its fingerprint tag matched; the full fingerprint is compared here. If the disk now
     /// holds another record (expired and re-claimed meanwhile) the claim looks again.
     fn replay(&self, key: &IndexKey, seen: &Slot, fingerprint: Fingerprint) -> Result<Attempt> {
-        let c = &self.inner.counters;
         let fence = seen.fence();
         if let Some(hit) = self.inner.replays.get(&fence) {
             if hit.key == key.bytes {
                 return Ok(if hit.fingerprint != fingerprint {
-                    Counters::bump(&c.mismatches, 1);
                     Attempt::Answer(Claim::Mismatch { completed: true })
                 } else {
-                    Counters::bump(&c.replays, 1);
                     Attempt::Answer(Claim::Replay(hit.response.clone()))
                 });
             }
         }
         Ok(match self.record_at(key, seen)? {
             Some(record) if record.fingerprint() != fingerprint => {
-                Counters::bump(&c.mismatches, 1);
                 Attempt::Answer(Claim::Mismatch { completed: true })
             }
             Some(Record {
                 state: Stored::Completed { response, .. },
                 ..
             }) => {
-                Counters::bump(&c.replays, 1);
                 let response = Response::from(response);
                 self.inner.replays.insert(
                     fence,
@@ -370,7 +381,7 @@ impl FileStore {
     /// collision: either way no response crosses keys), or if it still disagrees with an
     /// unchanged slot after every queued write landed: the file has no record there, or one
     /// whose fingerprint or state is not its head's (looking again would spin forever).
-    fn record_at(&self, key: &IndexKey, seen: &Slot) -> Result<Option<Record>> {
+    pub(crate) fn record_at(&self, key: &IndexKey, seen: &Slot) -> Result<Option<Record>> {
         let inner = &*self.inner;
         let fence = seen.fence();
         let damaged = |reason: String| Error::Corrupted {
@@ -423,46 +434,40 @@ impl FileStore {
     }
 
     pub(crate) fn complete(&self, ticket: Ticket, response: Response) -> Result<()> {
-        let (seq, done) = self.complete_start(ticket, response)?;
+        let (seq, hash, fence) = self.complete_start(ticket, response)?;
         self.inner.pipeline.wait(seq)?;
-        self.complete_finish(&done);
+        self.mark_durable(&hash, fence);
         Ok(())
     }
 
-    /// Queues a completion; [`Store::complete_finish`] once it is durable.
+    /// Queues a completion; [`FileStore::mark_durable`] once it is durable. The ticket was
+    /// checked at the seam (this store's, the response within the limit).
     pub(crate) fn complete_start(
         &self,
         mut ticket: Ticket,
         response: Response,
-    ) -> Result<(Seq, Ticket)> {
+    ) -> Result<(Seq, KeyHash, u64)> {
         let inner = &*self.inner;
         inner.pipeline.check()?;
-        let size = response_size(&response);
-        if size > inner.config.max_response_bytes {
-            return Err(Error::ResponseTooLarge {
-                size,
-                limit: inner.config.max_response_bytes,
-                ticket: Some(Box::new(ticket)),
-            });
-        }
+        let hash = inner.index.hash(ticket.key());
         let now = self.now();
         let expires_at = now.saturating_add(duration_millis(inner.config.ttl));
         let record = Record {
-            fence: ticket.fence,
-            fingerprint: *ticket.fingerprint.as_bytes(),
-            claimed_at: ticket.claimed_at,
+            fence: ticket.fence(),
+            fingerprint: *ticket.fingerprint().as_bytes(),
+            claimed_at: ticket.claimed_at(),
             state: RecordState::Completed {
                 completed_at: now,
                 expires_at,
                 response: response.into(),
             },
         };
-        let value = record.encode(&ticket.key.bytes);
+        let value = record.encode(ticket.key());
         let seq = {
-            let mut stripe = inner.index.lock(&ticket.key.hash);
-            let slot = self.held(&mut stripe, &ticket)?;
+            let mut stripe = inner.index.lock(&hash);
+            let slot = held(&mut stripe, &hash, &ticket)?;
             let seq = inner.pipeline.enqueue(Op::Put {
-                fence: ticket.fence,
+                fence: ticket.fence(),
                 value,
                 expiry: Some(expires_at),
                 replaces: None,
@@ -474,51 +479,30 @@ impl FileStore {
             seq
         };
         inner.config.observer.census(-1, 1);
+        let fence = ticket.fence();
         ticket.spend();
-        Ok((seq, ticket))
-    }
-
-    pub(crate) fn complete_finish(&self, ticket: &Ticket) {
-        self.mark_durable(&ticket.key, ticket.fence);
-        Counters::bump(&self.inner.counters.completes, 1);
+        Ok((seq, hash, fence))
     }
 
     pub(crate) fn release(&self, mut ticket: Ticket) -> Result<()> {
         let seq = self.release_start(&mut ticket)?;
-        self.inner.pipeline.wait(seq)?;
-        Counters::bump(&self.inner.counters.releases, 1);
-        Ok(())
+        self.inner.pipeline.wait(seq)
     }
 
     pub(crate) fn release_start(&self, ticket: &mut Ticket) -> Result<Seq> {
         let inner = &*self.inner;
         inner.pipeline.check()?;
-        let mut stripe = inner.index.lock(&ticket.key.hash);
-        let gone = Gone::of(self.held(&mut stripe, ticket)?);
+        let hash = inner.index.hash(ticket.key());
+        let mut stripe = inner.index.lock(&hash);
+        let gone = Gone::of(held(&mut stripe, &hash, ticket)?);
         let seq = inner.pipeline.enqueue(Op::Delete(gone))?;
-        stripe.remove(&ticket.key.hash);
-        self.uncount(&ticket.key.bytes);
+        stripe.remove(&hash);
+        self.uncount(ticket.key());
         inner.config.observer.census(-1, 0);
-        inner.watchers.notify(&ticket.key.hash);
+        inner.watchers.notify(&hash);
         drop(stripe);
         ticket.spend();
         Ok(seq)
-    }
-
-    /// A ticket was dropped unspent: if it still holds its claim, the claim is an orphan now.
-    /// Nothing is written: the claim stays in progress until its lease runs out (the side
-    /// effect may have happened), but `reap` offers it at once and duplicates are told to come
-    /// back when the lease ends.
-    pub(crate) fn holder_gone(&self, key: &IndexKey, fence: u64) {
-        let mut stripe = self.inner.index.lock(&key.hash);
-        if let Some(slot) = stripe.get_mut(&key.hash).filter(|s| s.fence() == fence) {
-            if let SlotState::InProgress { lease_until, .. } = slot.state() {
-                slot.set_state(SlotState::InProgress {
-                    lease_until,
-                    orphan: true,
-                });
-            }
-        }
     }
 
     /// Undoes an acquired claim that nobody received (its `claim_async` future was dropped
@@ -530,28 +514,29 @@ impl FileStore {
     pub(crate) fn withdraw(&self, mut ticket: Ticket) {
         ticket.spend();
         let inner = &*self.inner;
-        let mut stripe = inner.index.lock(&ticket.key.hash);
-        let Some(slot) = stripe.get_mut(&ticket.key.hash) else {
+        let hash = inner.index.hash(ticket.key());
+        let mut stripe = inner.index.lock(&hash);
+        let Some(slot) = stripe.get_mut(&hash) else {
             return;
         };
-        if slot.fence() != ticket.fence || !matches!(slot.state(), SlotState::InProgress { .. }) {
+        if slot.fence() != ticket.fence() || !matches!(slot.state(), SlotState::InProgress { .. }) {
             return;
         }
-        Counters::bump(&inner.counters.withdrawn, 1);
-        if ticket.takeover.is_some() {
+        inner.carried.withdrawn.fetch_add(1, Ordering::Relaxed);
+        if ticket.takeover().is_some() {
             slot.set_state(SlotState::InProgress {
                 lease_until: self.now(),
                 orphan: true,
             });
-            inner.watchers.notify(&ticket.key.hash);
+            inner.watchers.notify(&hash);
             return;
         }
         // After a failed commit the store answers nothing any more: leave it be.
         if let Ok(seq) = inner.pipeline.enqueue(Op::Delete(Gone::of(slot))) {
-            stripe.remove(&ticket.key.hash);
-            self.uncount(&ticket.key.bytes);
+            stripe.remove(&hash);
+            self.uncount(ticket.key());
             inner.config.observer.census(-1, 0);
-            inner.watchers.notify(&ticket.key.hash);
+            inner.watchers.notify(&hash);
             drop(stripe);
             inner.pipeline.commit_soon(seq);
         }
@@ -560,26 +545,27 @@ impl FileStore {
     pub(crate) fn extend(&self, ticket: &Ticket, by: Duration) -> Result<()> {
         let (seq, lease_until) = self.extend_start(ticket, by)?;
         self.inner.pipeline.wait(seq)?;
-        ticket.lease_until.store(lease_until, Ordering::Relaxed);
+        ticket.renewed(lease_until);
         Ok(())
     }
 
     pub(crate) fn extend_start(&self, ticket: &Ticket, by: Duration) -> Result<(Seq, u64)> {
         let inner = &*self.inner;
         inner.pipeline.check()?;
+        let hash = inner.index.hash(ticket.key());
         let lease_until = self.now().saturating_add(duration_millis(by));
         let record = Record {
-            fence: ticket.fence,
-            fingerprint: *ticket.fingerprint.as_bytes(),
-            claimed_at: ticket.claimed_at,
+            fence: ticket.fence(),
+            fingerprint: *ticket.fingerprint().as_bytes(),
+            claimed_at: ticket.claimed_at(),
             state: RecordState::InProgress { lease_until },
         };
         let seq = {
-            let mut stripe = inner.index.lock(&ticket.key.hash);
-            let slot = self.held(&mut stripe, ticket)?;
+            let mut stripe = inner.index.lock(&hash);
+            let slot = held(&mut stripe, &hash, ticket)?;
             let seq = inner.pipeline.enqueue(Op::Put {
-                fence: ticket.fence,
-                value: record.encode(&ticket.key.bytes),
+                fence: ticket.fence(),
+                value: record.encode(ticket.key()),
                 expiry: None,
                 replaces: None,
             })?;
@@ -593,9 +579,9 @@ impl FileStore {
     }
 
     /// Lets claims replay a completion once its batch is fsynced.
-    pub(crate) fn mark_durable(&self, key: &IndexKey, fence: u64) {
-        let mut stripe = self.inner.index.lock(&key.hash);
-        if let Some(slot) = stripe.get_mut(&key.hash).filter(|s| s.fence() == fence) {
+    pub(crate) fn mark_durable(&self, hash: &KeyHash, fence: u64) {
+        let mut stripe = self.inner.index.lock(hash);
+        if let Some(slot) = stripe.get_mut(hash).filter(|s| s.fence() == fence) {
             if let SlotState::Completed { expires_at, .. } = slot.state() {
                 slot.set_state(SlotState::Completed {
                     expires_at,
@@ -603,31 +589,7 @@ impl FileStore {
                 });
             }
         }
-        self.inner.watchers.notify(&key.hash);
-    }
-
-    /// The slot `ticket` holds, or `LeaseLost`.
-    fn held<'s>(
-        &self,
-        stripe: &'s mut crate::file::index::Stripe,
-        ticket: &Ticket,
-    ) -> Result<&'s mut Slot> {
-        let lost = Error::LeaseLost {
-            fence: ticket.fence,
-        };
-        if !matches!(&ticket.holder, Holder::File(issuer) if std::ptr::eq(issuer.as_ptr(), Arc::as_ptr(&self.inner)))
-        {
-            return Err(lost);
-        }
-        match stripe.get_mut(&ticket.key.hash) {
-            Some(slot)
-                if slot.fence() == ticket.fence
-                    && matches!(slot.state(), SlotState::InProgress { .. }) =>
-            {
-                Ok(slot)
-            }
-            _ => Err(lost),
-        }
+        self.inner.watchers.notify(hash);
     }
 
     pub(crate) fn get(&self, scope: &Scope, key: &str) -> Result<Option<Entry>> {
@@ -689,28 +651,63 @@ impl FileStore {
         }
     }
 
-    /// Takes over the counters of `halted`, the store this one replaces after a heal. Call it
+    /// Takes over the figures of `halted`, the store this one replaces after a heal. Call it
     /// before this store is shared.
     pub(crate) fn continue_counting(&mut self, halted: &FileStore) {
-        let counters = Arc::clone(&halted.inner.counters);
+        let carried = Arc::clone(&halted.inner.carried);
         let p = &halted.inner.pipeline;
-        Counters::bump(&counters.batches_before, p.batches());
-        Counters::bump(&counters.checkpoints_before, p.checkpoints());
+        carried
+            .batches_before
+            .fetch_add(p.batches(), Ordering::Relaxed);
+        carried
+            .checkpoints_before
+            .fetch_add(p.checkpoints(), Ordering::Relaxed);
+        carried.heals.fetch_add(1, Ordering::Relaxed);
         Arc::get_mut(&mut self.inner)
             .expect("a store just opened is not shared")
-            .counters = counters;
+            .carried = carried;
     }
 
     pub(crate) fn lease_duration(&self) -> Duration {
         self.inner.config.lease
     }
 
-    pub(crate) fn stats(&self) -> Stats {
+    pub(crate) fn record_count(&self) -> Result<u64> {
+        self.inner.pipeline.check()?;
+        Ok(u64::try_from(self.inner.index.len()).unwrap_or(u64::MAX))
+    }
+
+    pub(crate) fn figures(&self) -> EngineFigures {
         let inner = &*self.inner;
-        let live = u64::try_from(inner.index.len()).unwrap_or(u64::MAX);
-        let p = &inner.pipeline;
-        inner
-            .counters
-            .snapshot(p.batches(), p.checkpoints(), live, p.record_bytes())
+        let (p, c) = (&inner.pipeline, &inner.carried);
+        let get = |n: &AtomicU64| n.load(Ordering::Relaxed);
+        EngineFigures {
+            withdrawn: get(&c.withdrawn),
+            commit_batches: p.batches() + get(&c.batches_before),
+            checkpoints: p.checkpoints() + get(&c.checkpoints_before),
+            live_records: Some(u64::try_from(inner.index.len()).unwrap_or(u64::MAX)),
+            stored_bytes: p.record_bytes(),
+            heals: get(&c.heals),
+        }
+    }
+}
+
+/// The slot of the key hashed `hash` that `ticket` holds (the seam checked it is this
+/// store's), or `LeaseLost`.
+fn held<'s>(
+    stripe: &'s mut crate::file::index::Stripe,
+    hash: &KeyHash,
+    ticket: &Ticket,
+) -> Result<&'s mut Slot> {
+    match stripe.get_mut(hash) {
+        Some(slot)
+            if slot.fence() == ticket.fence()
+                && matches!(slot.state(), SlotState::InProgress { .. }) =>
+        {
+            Ok(slot)
+        }
+        _ => Err(Error::LeaseLost {
+            fence: ticket.fence(),
+        }),
     }
 }

@@ -17,7 +17,7 @@
 use crate::error::{Error, Result};
 use crate::file::hashing::Hashing;
 use crate::file::index::PassThrough;
-use crate::scope::tenant_of;
+use crate::model::scope::tenant_of;
 use crate::sync::{Mutex, MutexGuard};
 use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
@@ -98,7 +98,7 @@ impl TenantCounts {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::scope::{scoped_key, Scope};
+    use crate::model::scope::{scoped_key, Scope};
 
     fn hashing() -> Hashing {
         Hashing::new(crate::file::hashing::SipKey::random())

@@ -16,7 +16,7 @@ use crate::config::StalePolicy;
 use crate::error::Result;
 use crate::file::index::{KeyHash, SlotState};
 use crate::file::store::FileStore;
-use crate::scope::Scope;
+use crate::model::scope::Scope;
 use crate::sync::{AtomicU64, Mutex, Ordering};
 use crate::timer::{far_future, sleep_until, Delay};
 use std::future::Future;

@@ -12,18 +12,18 @@ mod sql;
 mod transfer;
 mod worker;
 
-use crate::claim::{Claim, Entry, EntryState, Holder, Resolution, StaleClaim, Takeover, Ticket};
 use crate::clock::{duration_millis, from_millis};
 use crate::config::{Config, StalePolicy};
+use crate::engine::Tally;
 use crate::error::{Damaged, Error, Result};
-use crate::file::index::{IndexKey, KeyHash};
-use crate::fingerprint::Fingerprint;
-use crate::record::response_size;
+use crate::model::claim::{Claim, Entry, EntryState, Resolution, StaleClaim, Takeover};
+use crate::model::fingerprint::Fingerprint;
+use crate::model::response::Response;
+use crate::model::scope::{display_scoped_key, scoped_key, scoped_key_parts, Scope};
+use crate::model::ticket::{Issued, Issuer, Ticket};
 use crate::replay_cache::{Cached, ReplayCache};
-use crate::response::Response;
-use crate::scope::{display_scoped_key, scoped_key, scoped_key_parts, Scope};
-use crate::stats::{Counters, Stats};
-use crate::sync::{Arc, AtomicU64, AtomicUsize, Ordering};
+use crate::stats::EngineFigures;
+use crate::sync::{Arc, AtomicU64, AtomicUsize, Ordering, Weak};
 use futures_channel::oneshot;
 use std::future::Future;
 use std::sync::atomic::AtomicI64;
@@ -96,7 +96,8 @@ pub(crate) struct Shared {
     context: Arc<worker::Context>,
     config: Config,
     schema: String,
-    counters: Counters,
+    /// Claims withdrawn by their callers (the engine's thread counts its own).
+    withdrawn: AtomicU64,
     /// Completed responses this store has replayed, by scoped key.
     replays: ReplayCache<Box<[u8]>>,
     /// The database's clock as last seen: its time minus `started`'s elapsed milliseconds, at
@@ -170,14 +171,6 @@ impl Shared {
         }
     }
 
-    /// A ticket of this store was dropped unspent: its claim becomes an orphan (in the
-    /// background; if that fails, the claim stays in progress until its lease ends).
-    pub(crate) fn holder_gone(&self, scoped: &[u8], fence: u64) {
-        let _ = self.submit(Job::Abandon {
-            fenced: (Target::of(scoped), fence_column(fence)),
-        });
-    }
-
     /// Runs `f` on a pooled connection, in its turn with the batches.
     fn task<T, F, Fut>(&self, f: F) -> oneshot::Receiver<Result<T>>
     where
@@ -228,6 +221,16 @@ impl Shared {
             UNSEEN => None,
             offset => Some(offset.saturating_add(self.elapsed_ms())),
         }
+    }
+}
+
+impl Issuer for Shared {
+    /// The claim becomes an orphan, in the background; if that fails, the claim stays in
+    /// progress until its lease ends.
+    fn holder_gone(&self, key: &[u8], fence: u64) {
+        let _ = self.submit(Job::Abandon {
+            fenced: (Target::of(key), fence_column(fence)),
+        });
     }
 }
 
@@ -383,7 +386,7 @@ pub(crate) fn connect(mut config: Config, url: &str) -> Result<PgStore> {
             replays: ReplayCache::new(config.replay_cache_bytes),
             config,
             schema,
-            counters: Counters::default(),
+            withdrawn: AtomicU64::new(0),
             db_offset: AtomicI64::new(UNSEEN),
             started: Instant::now(),
             thread: parking_lot::Mutex::new(Some(thread)),
@@ -532,12 +535,9 @@ impl PgStore {
         if expires_at.saturating_sub(now) <= CACHE_MARGIN_MS {
             return None;
         }
-        let c = &self.shared.counters;
         Some(if hit.fingerprint == fingerprint {
-            Counters::bump(&c.replays, 1);
             Claim::Replay(hit.response.clone())
         } else {
-            Counters::bump(&c.mismatches, 1);
             Claim::Mismatch { completed: true }
         })
     }
@@ -579,7 +579,7 @@ impl PgStore {
     }
 
     fn withdraw(&self, scoped: &[u8], fence: i64, takeover: bool) {
-        Counters::bump(&self.shared.counters.withdrawn, 1);
+        self.shared.withdrawn.fetch_add(1, Ordering::Relaxed);
         let fenced = (Target::of(scoped), fence);
         let _ = self.shared.submit(if takeover {
             Job::Extend {
@@ -598,7 +598,6 @@ impl PgStore {
 
     /// The claim a statement's row means for a caller with `fingerprint`.
     fn decide(&self, scoped: Box<[u8]>, fingerprint: Fingerprint, row: ClaimRow) -> Result<Claim> {
-        let c = &self.shared.counters;
         match row {
             ClaimRow::Won {
                 fence,
@@ -607,38 +606,32 @@ impl PgStore {
                 replaced,
                 ..
             } => {
-                Counters::bump(&c.acquired, 1);
-                let takeover = replaced.map(|(previous, previous_claimed_at, orphan)| {
-                    Counters::bump(&c.takeovers, 1);
-                    Takeover {
-                        previous_fence: fence_of(previous),
-                        previous_claimed_at: time_of(previous_claimed_at),
-                        orphan,
-                    }
+                let takeover = replaced.map(|(previous, previous_claimed_at, orphan)| Takeover {
+                    previous_fence: fence_of(previous),
+                    previous_claimed_at: time_of(previous_claimed_at),
+                    orphan,
                 });
-                Ok(Claim::Acquired(Ticket {
-                    holder: Holder::Postgres(Arc::downgrade(&self.shared)),
-                    key: IndexKey {
-                        hash: KeyHash::UNHASHED,
-                        bytes: scoped,
+                let issuer: Weak<dyn Issuer> = Arc::downgrade(&self.shared) as Weak<Shared>;
+                Ok(Claim::Acquired(Ticket::issue(
+                    issuer,
+                    Issued {
+                        key: scoped,
+                        fence: fence_of(fence),
+                        fingerprint,
+                        claimed_at: u64::try_from(claimed_at).unwrap_or_default(),
+                        lease_until: u64::try_from(lease_until).unwrap_or_default(),
+                        takeover,
                     },
-                    fence: fence_of(fence),
-                    fingerprint,
-                    claimed_at: u64::try_from(claimed_at).unwrap_or_default(),
-                    lease_until: AtomicU64::new(u64::try_from(lease_until).unwrap_or_default()),
-                    takeover,
-                }))
+                )))
             }
             ClaimRow::Held { now, record } => {
                 self.shared.saw_database_time(now);
                 if record.fingerprint.as_slice() != fingerprint.as_bytes().as_slice() {
-                    Counters::bump(&c.mismatches, 1);
                     return Ok(Claim::Mismatch {
                         completed: record.completed,
                     });
                 }
                 if record.completed {
-                    Counters::bump(&c.replays, 1);
                     let response = response_of(&scoped, &record)?;
                     if let Some(expires_at) = record.expires_at {
                         self.shared.replays.insert(
@@ -653,38 +646,29 @@ impl PgStore {
                     }
                     return Ok(Claim::Replay(response));
                 }
-                Counters::bump(&c.in_progress, 1);
                 let left = record.lease_until.unwrap_or(now).saturating_sub(now);
-                let lease_remaining =
-                    Duration::from_millis(u64::try_from(left).unwrap_or_default());
-                let hint = self.shared.config.retry_after;
-                let retry_after = if lease_remaining.is_zero() {
-                    hint
-                } else if record.orphan {
-                    lease_remaining
-                } else {
-                    hint.min(lease_remaining)
-                };
-                Ok(Claim::InProgress {
-                    retry_after,
-                    lease_remaining,
-                })
+                Ok(Claim::in_progress(
+                    self.shared.config.retry_after,
+                    Duration::from_millis(u64::try_from(left).unwrap_or_default()),
+                    record.orphan,
+                ))
             }
         }
     }
 
-    /// The ticket's fenced columns, or `LeaseLost` for a ticket of another store.
-    fn fenced(&self, ticket: &Ticket) -> Result<(Target, i64)> {
-        match &ticket.holder {
-            Holder::Postgres(issuer)
-                if std::ptr::eq(issuer.as_ptr(), Arc::as_ptr(&self.shared)) =>
-            {
-                Ok((Target::of(&ticket.key.bytes), fence_column(ticket.fence)))
-            }
-            _ => Err(Error::LeaseLost {
-                fence: ticket.fence,
-            }),
-        }
+    /// The identity its tickets carry.
+    pub(crate) fn issuer(&self) -> *const () {
+        Arc::as_ptr(&self.shared).cast()
+    }
+
+    /// Nothing halts a PostgreSQL store: each operation reaches the database or fails alone.
+    pub(crate) fn check(&self) -> Result<()> {
+        Ok(())
+    }
+
+    /// The ticket's fenced columns (the seam checked the ticket is this store's).
+    fn fenced(ticket: &Ticket) -> (Target, i64) {
+        (Target::of(ticket.key()), fence_column(ticket.fence()))
     }
 
     fn complete_job(
@@ -693,16 +677,7 @@ impl PgStore {
         response: Response,
         caller: Caller,
     ) -> Result<(Ticket, oneshot::Receiver<Result<Option<i64>>>)> {
-        let fenced = self.fenced(&ticket)?;
-        let size = response_size(&response);
-        let limit = self.shared.config.max_response_bytes;
-        if size > limit {
-            return Err(Error::ResponseTooLarge {
-                size,
-                limit,
-                ticket: Some(Box::new(ticket)),
-            });
-        }
+        let fenced = Self::fenced(&ticket);
         let (reply, rx) = oneshot::channel();
         self.shared.send(
             Job::Complete {
@@ -717,32 +692,26 @@ impl PgStore {
         Ok((ticket, rx))
     }
 
-    fn complete_finish(&self, mut ticket: Ticket, done: Result<Option<i64>>) -> Result<()> {
-        match done? {
-            Some(_) => {
-                ticket.spend();
-                Counters::bump(&self.shared.counters.completes, 1);
-                Ok(())
-            }
-            None => {
-                ticket.spend();
-                Err(Error::LeaseLost {
-                    fence: ticket.fence,
-                })
-            }
+    fn complete_finish(mut ticket: Ticket, done: Result<Option<i64>>) -> Result<()> {
+        let completed = done?.is_some();
+        ticket.spend();
+        if completed {
+            Ok(())
+        } else {
+            Err(Error::LeaseLost {
+                fence: ticket.fence(),
+            })
         }
     }
 
     pub(crate) fn complete(&self, ticket: Ticket, response: Response) -> Result<()> {
         let (ticket, rx) = self.complete_job(ticket, response, Caller::Blocking)?;
-        let done = block(rx);
-        self.complete_finish(ticket, done)
+        Self::complete_finish(ticket, block(rx))
     }
 
     pub(crate) async fn complete_async(&self, ticket: Ticket, response: Response) -> Result<()> {
         let (ticket, rx) = self.complete_job(ticket, response, Caller::Async)?;
-        let done = answer(rx).await;
-        self.complete_finish(ticket, done)
+        Self::complete_finish(ticket, answer(rx).await)
     }
 
     fn release_job(
@@ -750,7 +719,7 @@ impl PgStore {
         ticket: &Ticket,
         caller: Caller,
     ) -> Result<oneshot::Receiver<Result<bool>>> {
-        let fenced = self.fenced(ticket)?;
+        let fenced = Self::fenced(ticket);
         let (reply, rx) = oneshot::channel();
         self.shared.send(
             Job::Release {
@@ -762,29 +731,26 @@ impl PgStore {
         Ok(rx)
     }
 
-    fn release_finish(&self, mut ticket: Ticket, done: Result<bool>) -> Result<()> {
+    fn release_finish(mut ticket: Ticket, done: Result<bool>) -> Result<()> {
         let released = done?;
         ticket.spend();
         if released {
-            Counters::bump(&self.shared.counters.releases, 1);
             Ok(())
         } else {
             Err(Error::LeaseLost {
-                fence: ticket.fence,
+                fence: ticket.fence(),
             })
         }
     }
 
     pub(crate) fn release(&self, ticket: Ticket) -> Result<()> {
         let rx = self.release_job(&ticket, Caller::Blocking)?;
-        let done = block(rx);
-        self.release_finish(ticket, done)
+        Self::release_finish(ticket, block(rx))
     }
 
     pub(crate) async fn release_async(&self, ticket: Ticket) -> Result<()> {
         let rx = self.release_job(&ticket, Caller::Async)?;
-        let done = answer(rx).await;
-        self.release_finish(ticket, done)
+        Self::release_finish(ticket, answer(rx).await)
     }
 
     fn extend_job(
@@ -793,7 +759,7 @@ impl PgStore {
         by: Duration,
         caller: Caller,
     ) -> Result<oneshot::Receiver<Result<Option<i64>>>> {
-        let fenced = self.fenced(ticket)?;
+        let fenced = Self::fenced(ticket);
         let (reply, rx) = oneshot::channel();
         self.shared.send(
             Job::Extend {
@@ -810,14 +776,11 @@ impl PgStore {
     fn extend_finish(ticket: &Ticket, done: Result<Option<i64>>) -> Result<()> {
         match done? {
             Some(lease_until) => {
-                ticket.lease_until.store(
-                    u64::try_from(lease_until).unwrap_or_default(),
-                    Ordering::Relaxed,
-                );
+                ticket.renewed(u64::try_from(lease_until).unwrap_or_default());
                 Ok(())
             }
             None => Err(Error::LeaseLost {
-                fence: ticket.fence,
+                fence: ticket.fence(),
             }),
         }
     }
@@ -891,73 +854,88 @@ impl PgStore {
         self.shared.config.lease
     }
 
-    pub(crate) fn stats(&self) -> Stats {
-        let count = self.shared.task({
-            let text = schema::qualify(sql::COUNT, &self.shared.schema);
-            move |conn| async move {
-                let row = conn.client.query_one(&text, &[]).await.map_err(db_error)?;
-                row.try_get::<_, i64>(0).map_err(db_error)
-            }
-        });
-        // `stats` cannot fail: an unreachable database shows as no records.
-        let live = block(count).unwrap_or(0);
-        let mut stats = self.shared.counters.snapshot(
-            self.shared.context.commits.load(Ordering::Relaxed),
-            0,
-            u64::try_from(live).unwrap_or_default(),
-            0,
-        );
-        stats.withdrawn += self.shared.context.withdrawn.load(Ordering::Relaxed);
-        stats
+    pub(crate) fn figures(&self) -> EngineFigures {
+        let shared = &*self.shared;
+        EngineFigures {
+            withdrawn: shared.withdrawn.load(Ordering::Relaxed)
+                + shared.context.withdrawn.load(Ordering::Relaxed),
+            commit_batches: shared.context.commits.load(Ordering::Relaxed),
+            ..EngineFigures::default()
+        }
+    }
+
+    pub(crate) fn record_count(&self) -> Result<u64> {
+        let text = schema::qualify(sql::COUNT, &self.shared.schema);
+        let count = block(self.shared.task(move |conn| async move {
+            let row = conn.client.query_one(&text, &[]).await.map_err(db_error)?;
+            row.try_get::<_, i64>(0).map_err(db_error)
+        }))?;
+        Ok(u64::try_from(count).unwrap_or_default())
     }
 
     pub(crate) fn reap(
         &self,
-        mut resolver: impl FnMut(&StaleClaim) -> Resolution,
-    ) -> Result<usize> {
-        let shared = &*self.shared;
+        mut resolver: impl FnMut(&StaleClaim) -> Result<Resolution>,
+    ) -> Tally {
         let mut after = 0i64;
         let mut resolved = 0;
         loop {
-            let page = block(self.stale_page(after))?;
+            let page = match block(self.stale_page(after)) {
+                Ok(page) => page,
+                Err(e) => return Tally::failed(e),
+            };
             let full = i64::try_from(page.len()).unwrap_or(i64::MAX) >= CHUNK;
             for stale in page {
                 after = stale.fence;
-                let claim = StaleClaim {
-                    scope: stale.target.scope(),
-                    key: stale.target.key.clone(),
-                    fence: fence_of(stale.fence),
-                    fingerprint: stale.fingerprint,
-                    claimed_at: time_of(stale.claimed_at),
-                    lease_deadline: time_of(stale.lease_until),
-                    orphan: stale.orphan,
+                let decision = match resolver(&stale.claim()) {
+                    Ok(decision) => decision,
+                    Err(e) => return Tally::of(resolved, Err(e)),
                 };
-                let decision = resolver(&claim);
-                if let Resolution::Complete(response) = &decision {
-                    let size = response_size(response);
-                    let limit = shared.config.max_response_bytes;
-                    if size > limit {
-                        Counters::bump(&shared.counters.reaped, resolved as u64);
-                        return Err(Error::ResponseTooLarge {
-                            size,
-                            limit,
-                            ticket: None,
-                        });
-                    }
-                }
-                if matches!(decision, Resolution::Keep) {
-                    continue;
-                }
-                if block(self.resolve(stale, decision))? {
-                    resolved += 1;
+                match block(self.resolve_stale(stale, decision)) {
+                    Ok(true) => resolved += 1,
+                    Ok(false) => {}
+                    Err(e) => return Tally::failed(e),
                 }
             }
             if !full {
                 break;
             }
         }
-        Counters::bump(&shared.counters.reaped, resolved as u64);
-        Ok(resolved)
+        Tally::of(resolved, Ok(()))
+    }
+
+    /// Resolves the stale claim of `key` with `fence`, if it is one: see
+    /// [`crate::Store::resolve`]. The record is read first (is it that stale claim?), then
+    /// resolved only if its lease is still the one read.
+    pub(crate) fn resolve(
+        &self,
+        scope: &Scope,
+        key: &str,
+        fence: u64,
+        resolution: Resolution,
+    ) -> Result<bool> {
+        let scoped = scoped_key(scope, key)?;
+        if resolution == Resolution::Keep {
+            return Ok(false);
+        }
+        let (now, held) = block(self.read(&scoped))?;
+        let Some(record) = held else {
+            return Ok(false);
+        };
+        let lease_until = record.lease_until.unwrap_or(now);
+        let stale = !record.completed && (record.orphan || lease_until <= now);
+        if record.fence != fence_column(fence) || !stale {
+            return Ok(false);
+        }
+        let stale = Stale {
+            fingerprint: fingerprint_of(&scoped, &record)?,
+            target: Target::of(&scoped),
+            fence: record.fence,
+            claimed_at: record.claimed_at,
+            lease_until,
+            orphan: record.orphan,
+        };
+        block(self.resolve_stale(stale, resolution))
     }
 
     fn stale_page(&self, after: i64) -> oneshot::Receiver<Result<Vec<Stale>>> {
@@ -1002,7 +980,7 @@ impl PgStore {
 
     /// Applies a reap's decision to the claim as the resolver saw it; `false` if it changed
     /// meanwhile (left as it is).
-    fn resolve(&self, stale: Stale, decision: Resolution) -> oneshot::Receiver<Result<bool>> {
+    fn resolve_stale(&self, stale: Stale, decision: Resolution) -> oneshot::Receiver<Result<bool>> {
         let schema = self.shared.schema.clone();
         let adjust = self.shared.adjust();
         let ttl = self.shared.context.params.ttl_ms;
@@ -1048,24 +1026,26 @@ impl PgStore {
         })
     }
 
-    pub(crate) fn purge_expired(&self) -> Result<usize> {
+    pub(crate) fn purge_expired(&self) -> Tally {
         let mut purged = 0;
         loop {
             let text = schema::qualify(sql::PURGE, &self.shared.schema);
             let adjust = self.shared.adjust();
-            let n = block(self.shared.task(move |conn| async move {
+            let deleted = block(self.shared.task(move |conn| async move {
                 conn.client
                     .execute(&text, &[&adjust, &CHUNK])
                     .await
                     .map_err(db_error)
-            }))?;
+            }));
+            let n = match deleted {
+                Ok(n) => n,
+                Err(e) => return Tally::failed(e),
+            };
             purged += usize::try_from(n).unwrap_or(usize::MAX);
             if i64::try_from(n).unwrap_or(i64::MAX) < CHUNK {
-                break;
+                return Tally::of(purged, Ok(()));
             }
         }
-        Counters::bump(&self.shared.counters.purged, purged as u64);
-        Ok(purged)
     }
 
     /// Whether a claim of `scoped` would not answer `InProgress` now, and if not, how long
@@ -1137,10 +1117,25 @@ struct Stale {
     orphan: bool,
 }
 
+impl Stale {
+    /// The claim as a resolver sees it.
+    fn claim(&self) -> StaleClaim {
+        StaleClaim {
+            scope: self.target.scope(),
+            key: self.target.key.clone(),
+            fence: fence_of(self.fence),
+            fingerprint: self.fingerprint,
+            claimed_at: time_of(self.claimed_at),
+            lease_deadline: time_of(self.lease_until),
+            orphan: self.orphan,
+        }
+    }
+}
+
 type HeaderList = Vec<(String, Vec<u8>)>;
 
 fn header_config() -> impl bincode::config::Config {
-    bincode::config::standard().with_limit::<{ crate::record::MAX_RESPONSE_LIMIT }>()
+    bincode::config::standard().with_limit::<{ crate::model::response::MAX_RESPONSE_LIMIT }>()
 }
 
 fn encode_headers(headers: &HeaderList) -> Vec<u8> {

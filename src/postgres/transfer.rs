@@ -4,9 +4,10 @@
 use super::worker::Held;
 use super::{block, db_error, encode_headers, fence_column, response_of, schema, PgStore, Target};
 use crate::error::{Error, Result};
-use crate::fingerprint::Fingerprint;
-use crate::listing::{Moved, MovedState, Query, RecordStatus};
-use crate::scope::scoped_key;
+use crate::model::fingerprint::Fingerprint;
+use crate::model::listing::{Query, RecordStatus};
+use crate::model::moved::{Moved, MovedState};
+use crate::model::scope::scoped_key;
 use std::ops::ControlFlow;
 
 /// Rows read per statement on export, and written per statement on import.

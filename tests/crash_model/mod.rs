@@ -478,7 +478,7 @@ impl Model {
                 }
             }
         }
-        let live = store.stats().live_records as usize;
+        let live = store.record_count().unwrap() as usize;
         assert!(
             (live_min..=live_max).contains(&live),
             "{live} records on disk, expected {live_min}..={live_max}: a record appeared that was never claimed, or one vanished"

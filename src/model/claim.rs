@@ -1,9 +1,8 @@
-//! What a claim returns, and the ticket that proves a claim is held.
+//! What a claim returns, what a reap hands over and decides, and what a read shows.
 
-use crate::file::index::IndexKey;
-use crate::fingerprint::Fingerprint;
-use crate::response::Response;
-use crate::sync::{AtomicU64, Ordering, Weak};
+use crate::model::fingerprint::Fingerprint;
+use crate::model::response::Response;
+use crate::model::ticket::Ticket;
 use std::time::{Duration, SystemTime};
 
 /// The outcome of [`crate::Store::claim`]. Every variant is an expected answer, not an error.
@@ -40,102 +39,24 @@ pub enum Claim {
     },
 }
 
-/// Proof that the caller holds a claim: pass it to [`crate::Store::complete`] or
-/// [`crate::Store::release`].
-///
-/// A ticket carries a fencing token ([`Ticket::fence`]) that no other ticket of this store ever
-/// carries, not even across restarts. Once the claim is released, completed, reaped or taken
-/// over, operations with this ticket fail with [`crate::Error::LeaseLost`]. A ticket is only
-/// valid in the `Store` (and process) that issued it: after a reopen, the claim it held is an
-/// orphan that [`crate::Store::reap`] resolves.
-///
-/// Dropping a ticket (a panic in the handler, a cancelled task) leaves the claim in progress
-/// until its lease runs out, exactly as if the process had crashed: a drop cannot tell whether
-/// the side effect happened. The claim becomes an orphan at once: [`crate::Store::reap`] offers
-/// it to the resolver straight away, and duplicates are told to retry when the lease ends
-/// rather than after the usual short hint, since nobody is left to finish it.
-#[must_use = "dropping a ticket leaves the key in progress until its lease runs out"]
-pub struct Ticket {
-    /// The engine that issued it; [`Holder::Spent`] once the ticket was spent (completed or
-    /// released), so that its drop does nothing.
-    pub(crate) holder: Holder,
-    pub(crate) key: IndexKey,
-    pub(crate) fence: u64,
-    pub(crate) fingerprint: Fingerprint,
-    pub(crate) claimed_at: u64,
-    pub(crate) lease_until: AtomicU64,
-    pub(crate) takeover: Option<Takeover>,
-}
-
-impl Ticket {
-    /// The fencing token: unique in this store (on PostgreSQL: among all replicas of it), and
-    /// larger than the token of every earlier claim of the same key. Pass it downstream (for
-    /// example as a column a conditional update compares) so a stale holder's late writes can
-    /// be refused there too.
-    pub fn fence(&self) -> u64 {
-        self.fence
-    }
-
-    /// `Some` when this claim took over an abandoned attempt whose lease ran out: the side effect
-    /// may already have happened, so reconcile with the downstream system before repeating it.
-    pub fn takeover(&self) -> Option<&Takeover> {
-        self.takeover.as_ref()
-    }
-
-    /// The fingerprint the key was claimed with.
-    pub fn fingerprint(&self) -> Fingerprint {
-        self.fingerprint
-    }
-
-    /// When the lease runs out unless [`crate::Store::extend`] renews it.
-    pub fn lease_deadline(&self) -> SystemTime {
-        crate::clock::from_millis(self.lease_until.load(Ordering::Relaxed))
-    }
-
-    /// Marks the ticket spent: its claim was completed or released through it.
-    pub(crate) fn spend(&mut self) {
-        self.holder = Holder::Spent;
-    }
-}
-
-/// Which engine issued a ticket, held weakly: a ticket outliving its store does nothing.
-pub(crate) enum Holder {
-    /// Completed or released through this ticket.
-    Spent,
-    File(Weak<crate::file::store::Inner>),
-    #[cfg(feature = "postgres")]
-    Postgres(Weak<crate::postgres::Shared>),
-}
-
-impl Drop for Ticket {
-    fn drop(&mut self) {
-        match std::mem::replace(&mut self.holder, Holder::Spent) {
-            Holder::Spent => {}
-            Holder::File(store) => {
-                if let Some(inner) = store.upgrade() {
-                    crate::file::FileStore { inner }.holder_gone(&self.key, self.fence);
-                }
-            }
-            #[cfg(feature = "postgres")]
-            Holder::Postgres(shared) => {
-                if let Some(shared) = shared.upgrade() {
-                    shared.holder_gone(&self.key.bytes, self.fence);
-                }
-            }
+impl Claim {
+    /// The `InProgress` answer, by the one rule both engines follow. `lease_remaining` is zero
+    /// when no live lease bounds the wait (a completion being made durable, or a stale claim
+    /// kept for the reaper): the `hint` stands alone then. When the holder is gone (`orphan`:
+    /// its ticket was dropped, or its process died) nothing but the lease's end (or a reap)
+    /// frees the key, so the honest retry time is the lease's end, not the short hint.
+    pub(crate) fn in_progress(hint: Duration, lease_remaining: Duration, orphan: bool) -> Claim {
+        let retry_after = if lease_remaining.is_zero() {
+            hint
+        } else if orphan {
+            lease_remaining
+        } else {
+            hint.min(lease_remaining)
+        };
+        Claim::InProgress {
+            retry_after,
+            lease_remaining,
         }
-    }
-}
-
-impl std::fmt::Debug for Ticket {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Ticket")
-            .field("key", &self.key)
-            .field("fence", &self.fence)
-            .field("fingerprint", &self.fingerprint)
-            .field("claimed_at", &self.claimed_at)
-            .field("lease_until", &self.lease_until)
-            .field("takeover", &self.takeover)
-            .finish_non_exhaustive()
     }
 }
 

@@ -1,19 +1,16 @@
 //! The on-disk record: a format byte, a bincode 2 body, and a crc32 that also covers the scoped
 //! key, so a record copied under another key fails its check. `docs/format.md` lists the bytes.
 
-use crate::fingerprint::Fingerprint;
-use crate::response::Response;
+use crate::model::fingerprint::Fingerprint;
+use crate::model::response::Response;
 use bincode::{Decode, Encode};
 
 /// The record format this build writes and reads.
 pub(crate) const RECORD_FORMAT: u8 = 1;
 
 /// The largest record body the decoder will allocate for; bounds the damage a corrupt length
-/// field can do. Responses are capped below this by [`MAX_RESPONSE_LIMIT`].
+/// field can do. Responses are capped below this by [`crate::MAX_RESPONSE_LIMIT`].
 const DECODE_LIMIT: usize = 80 << 20;
-
-/// The highest value `max_response_bytes` may be set to.
-pub const MAX_RESPONSE_LIMIT: usize = 64 << 20;
 
 type Config = bincode::config::Configuration<
     bincode::config::LittleEndian,
@@ -191,16 +188,6 @@ impl Record {
     }
 }
 
-/// The encoded size a response will take in a record, without encoding it.
-pub(crate) fn response_size(r: &Response) -> usize {
-    // status (2) + header count (8) + per header two length prefixes (16) + body length (8).
-    18 + r.body.len()
-        + r.headers
-            .iter()
-            .map(|(n, v)| 16 + n.len() + v.len())
-            .sum::<usize>()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -328,7 +315,7 @@ mod tests {
         let delta = rec.encode(b"k").len() - empty.encode(b"k").len();
         assert_eq!(
             delta,
-            response_size(&r) - response_size(&Response::new(0, Vec::new()))
+            r.encoded_size() - Response::new(0, Vec::new()).encoded_size()
         );
     }
 }

@@ -2,11 +2,9 @@
 //! [`crate::Store::list`], for an operator's inspection (the `idemdb` command) and for a
 //! service that offers the same inspection live, since a file store cannot be opened twice.
 
-use crate::claim::{Entry, EntryState};
-use crate::clock::from_millis;
-use crate::fingerprint::Fingerprint;
-use crate::response::Response;
-use crate::scope::Scope;
+use crate::model::claim::Entry;
+use crate::model::moved::Moved;
+use crate::model::scope::Scope;
 use std::time::SystemTime;
 
 /// Where a record stands, as an operator sorts records.
@@ -181,62 +179,6 @@ pub struct ListedRecord {
     pub status: RecordStatus,
     /// The record: fence, fingerprint, times, and the response once completed.
     pub entry: Entry,
-}
-
-/// A record read by an engine, with its times exact (milliseconds since the epoch), as export
-/// writes them and an import keeps them.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Moved {
-    pub(crate) scope: Scope,
-    pub(crate) key: String,
-    pub(crate) fence: u64,
-    pub(crate) fingerprint: Fingerprint,
-    pub(crate) claimed_at: u64,
-    pub(crate) state: MovedState,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum MovedState {
-    InProgress {
-        lease_until: u64,
-    },
-    Completed {
-        completed_at: u64,
-        expires_at: u64,
-        response: Response,
-    },
-}
-
-impl Moved {
-    /// The record as a scan lists it, with `orphan` (which only the engine knows) at `now`.
-    pub(crate) fn listed(self, orphan: bool, now: u64) -> ListedRecord {
-        let state = match self.state {
-            MovedState::InProgress { lease_until } => EntryState::InProgress {
-                lease_deadline: from_millis(lease_until),
-                orphan,
-            },
-            MovedState::Completed {
-                expires_at,
-                response,
-                ..
-            } => EntryState::Completed {
-                expires_at: from_millis(expires_at),
-                response,
-            },
-        };
-        let entry = Entry {
-            fence: self.fence,
-            fingerprint: self.fingerprint,
-            claimed_at: from_millis(self.claimed_at),
-            state,
-        };
-        ListedRecord {
-            scope: self.scope,
-            key: self.key,
-            status: entry.status_at(from_millis(now)),
-            entry,
-        }
-    }
 }
 
 /// Applies `query` to the records an engine reads, handing the matches to `each` until the

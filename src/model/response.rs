@@ -1,5 +1,8 @@
 //! The stored response a replay returns byte for byte.
 
+/// The highest value `max_response_bytes` may be set to.
+pub const MAX_RESPONSE_LIMIT: usize = 64 << 20;
+
 /// A response to store on completion and return on every replay: a status, headers in their
 /// original order (repeated names kept), and a body.
 ///
@@ -50,6 +53,18 @@ impl Response {
     /// The body.
     pub fn body(&self) -> &[u8] {
         &self.body
+    }
+
+    /// The response's size as [`crate::StoreBuilder::max_response_bytes`] counts it, on every
+    /// engine: the bytes it takes in a store file's record (status 2, header count 8, per
+    /// header two 8-byte lengths with the name and the value, body length 8 with the body).
+    pub(crate) fn encoded_size(&self) -> usize {
+        18 + self.body.len()
+            + self
+                .headers
+                .iter()
+                .map(|(n, v)| 16 + n.len() + v.len())
+                .sum::<usize>()
     }
 
     /// Takes the body out without copying it.
