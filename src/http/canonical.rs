@@ -900,13 +900,17 @@ mod tests {
         assert!(boxed.source().is_none());
     }
 
-    /// Node.js's `String(Number(text))` against `canonicalize(text)` for many doubles, each in
-    /// several spellings. Needs `node` on the PATH (or `IDEMDB_SKIP_NODE=1`, to skip it by name).
-    #[test]
-    fn numbers_match_node() {
-        use std::io::Write;
-        use std::process::{Command, Stdio};
+    /// The golden file of the number test: after `#` comment lines, one `text<TAB>answer` a
+    /// line, the answer being what Node.js's `String(Number(text))` printed for `text`.
+    /// Read when the test runs, not included at build time: the helper that regenerates it
+    /// must build without it.
+    const NODE_NUMBERS_PATH: &str = "src/http/testdata/numbers-node.txt";
+    /// Rewrites the golden file from `number_spellings` (needs node).
+    const REGENERATE_NODE_NUMBERS: &str = "scripts/regenerate-node-numbers";
 
+    /// The inputs of the golden file: many doubles, each in several spellings, from a fixed
+    /// seed. A change here needs the file regenerated (`REGENERATE_NODE_NUMBERS`).
+    fn number_spellings() -> Vec<String> {
         let mut rng = Scrambler::new(0x9e37_79b9_7f4a_7c15);
         let mut texts = Vec::new();
         for i in 0..30_000 {
@@ -942,43 +946,66 @@ mod tests {
             ]
             .map(String::from),
         );
+        texts
+    }
 
-        let script = "const lines = require('fs').readFileSync(0, 'utf8').split('\\n');\n\
-                      lines.pop();\n\
-                      process.stdout.write(lines.map((l) => String(Number(l)) + '\\n').join(''));";
-        let child = Command::new("node")
-            .args(["-e", script])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn();
-        let mut child = match child {
-            Ok(child) => child,
-            // Opt-out only by name: a cross-check that skipped itself silently would pass
-            // without checking anything.
-            Err(e)
-                if e.kind() == std::io::ErrorKind::NotFound
-                    && std::env::var_os("IDEMDB_SKIP_NODE").is_some() =>
-            {
-                return
+    /// `canonicalize(text)` is Node.js's `String(Number(text))` for every spelling in the golden
+    /// file, and the file holds exactly the spellings `number_spellings` makes, in order, so
+    /// that a changed generator cannot go unchecked against a stale file.
+    #[test]
+    fn numbers_match_nodes_answers_in_the_golden_file() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(NODE_NUMBERS_PATH);
+        let golden = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+            panic!(
+                "reading {}: {e} ({REGENERATE_NODE_NUMBERS} writes it)",
+                path.display()
+            )
+        });
+        let mut cases = Vec::new();
+        for (i, line) in golden.lines().enumerate() {
+            if line.starts_with('#') {
+                continue;
             }
-            Err(e) => panic!(
-                "could not start node ({e}): this test checks numbers against Node.js; install \
-                 it, or set IDEMDB_SKIP_NODE=1 to skip this one check"
-            ),
-        };
-        let input: String = texts.iter().map(|t| format!("{t}\n")).collect();
-        let mut stdin = child.stdin.take().unwrap();
-        let writer = std::thread::spawn(move || stdin.write_all(input.as_bytes()));
-        let output = child.wait_with_output().unwrap();
-        writer.join().unwrap().unwrap();
-        assert!(output.status.success(), "node failed: {}", output.status);
-        let written = String::from_utf8(output.stdout).unwrap();
-        let node: Vec<&str> = written.lines().collect();
-        assert_eq!(node.len(), texts.len());
-        for (text, expected) in texts.iter().zip(node) {
-            assert_eq!(canon(text), expected, "input {text}");
+            let (text, answer) = line.split_once('\t').unwrap_or_else(|| {
+                panic!("{NODE_NUMBERS_PATH} line {}: no tab in {line:?}", i + 1)
+            });
+            cases.push((i + 1, text, answer));
         }
+
+        let spellings = number_spellings();
+        let stale = format!(
+            "{NODE_NUMBERS_PATH} does not hold the spellings number_spellings() makes: run \
+             {REGENERATE_NODE_NUMBERS} (needs node) and commit the file"
+        );
+        for ((line, text, _), spelling) in cases.iter().zip(&spellings) {
+            assert_eq!(text, spelling, "{stale} (first difference: line {line})");
+        }
+        assert_eq!(cases.len(), spellings.len(), "{stale} (a different count)");
+
+        for (line, text, answer) in cases {
+            assert_eq!(
+                canon(text),
+                answer,
+                "input {text} ({NODE_NUMBERS_PATH} line {line})"
+            );
+        }
+    }
+
+    /// Not a check: a helper of `REGENERATE_NODE_NUMBERS`, which runs it to learn the
+    /// spellings. With `IDEMDB_WRITE_SPELLINGS=path`, writes `number_spellings` to that path,
+    /// one a line; without it, writes nothing and passes, so `cargo test -- --ignored` passes.
+    #[test]
+    #[ignore = "a helper of scripts/regenerate-node-numbers"]
+    fn write_number_spellings() {
+        let Some(path) = std::env::var_os("IDEMDB_WRITE_SPELLINGS") else {
+            return;
+        };
+        let text: String = number_spellings()
+            .iter()
+            .map(|spelling| format!("{spelling}\n"))
+            .collect();
+        let path = std::path::Path::new(&path);
+        std::fs::write(path, text).unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
     }
 
     // --- Property tests -------------------------------------------------------------------
