@@ -192,40 +192,12 @@ impl Table {
     }
 }
 
-/// A time as RFC 3339 in UTC, to the millisecond.
+/// A time as RFC 3339 in UTC, to the millisecond. Stored times are any u64 of milliseconds,
+/// but humantime formats only 1970 to 9999 (it panics outside), so a time beyond is shown as
+/// the nearest end of that range.
 pub(crate) fn timestamp(t: SystemTime) -> String {
-    let ms = t
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
-    let (days, rest) = (ms / 86_400_000, ms % 86_400_000);
-    let (y, m, d) = civil_date(days);
-    let (h, min, s, milli) = (
-        rest / 3_600_000,
-        rest / 60_000 % 60,
-        rest / 1000 % 60,
-        rest % 1000,
-    );
-    format!("{y:04}-{m:02}-{d:02}T{h:02}:{min:02}:{s:02}.{milli:03}Z")
-}
-
-/// The proleptic Gregorian date `days` after 1970-01-01, counted in 400-year eras of 146,097
-/// days from 0000-03-01 (so that the leap day ends a year).
-fn civil_date(days: u64) -> (u64, u64, u64) {
-    let z = days + 719_468;
-    let era = z / 146_097;
-    let day_of_era = z % 146_097;
-    let year_of_era =
-        (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
-    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
-    let month_from_march = (5 * day_of_year + 2) / 153;
-    let day = day_of_year - (153 * month_from_march + 2) / 5 + 1;
-    let month = if month_from_march < 10 {
-        month_from_march + 3
-    } else {
-        month_from_march - 9
-    };
-    let year = year_of_era + era * 400 + u64::from(month <= 2);
-    (year, month, day)
+    let last = UNIX_EPOCH + Duration::from_millis(253_402_300_799_999); // 9999-12-31T23:59:59.999Z
+    humantime::format_rfc3339_millis(t.clamp(UNIX_EPOCH, last)).to_string()
 }
 
 /// How far `t` is from `now`, in the largest two units: `3m 12s ago`, `in 45s`.
@@ -247,33 +219,11 @@ pub(crate) fn span(d: Duration) -> String {
     }
 }
 
-/// Parses `500ms`, `90s`, `15m`, `2h`, `1d` (or a sum of them: `1h30m`).
+/// Parses `250ms`, `90s`, `15m`, `2h`, `1d`, or a sum of them (`1h30m`, `1h 30m`), and the
+/// other units humantime knows.
 pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
-    let bad = || format!("{text:?} is not a duration like 90s, 15m, 2h, 1d or 1h30m");
-    let mut total = Duration::ZERO;
-    let mut rest = text.trim();
-    if rest.is_empty() {
-        return Err(bad());
-    }
-    while !rest.is_empty() {
-        let digits = rest.find(|c: char| !c.is_ascii_digit()).ok_or_else(bad)?;
-        let n: u64 = rest[..digits].parse().map_err(|_| bad())?;
-        rest = &rest[digits..];
-        let unit = rest
-            .find(|c: char| c.is_ascii_digit())
-            .unwrap_or(rest.len());
-        let part = match &rest[..unit] {
-            "ms" => Duration::from_millis(n),
-            "s" => Duration::from_secs(n),
-            "m" => Duration::from_secs(n.checked_mul(60).ok_or_else(bad)?),
-            "h" => Duration::from_secs(n.checked_mul(3600).ok_or_else(bad)?),
-            "d" => Duration::from_secs(n.checked_mul(86_400).ok_or_else(bad)?),
-            _ => return Err(bad()),
-        };
-        total = total.checked_add(part).ok_or_else(bad)?;
-        rest = &rest[unit..];
-    }
-    Ok(total)
+    humantime::parse_duration(text)
+        .map_err(|e| format!("{text:?} is not a duration like 90s, 15m, 2h, 1d or 1h30m ({e})"))
 }
 
 /// Bytes as text when they are UTF-8, else as base64: `(encoding, text)`.
@@ -305,6 +255,12 @@ mod tests {
         assert_eq!(at(1_796_407_200_000), "2026-12-04T18:00:00.000Z");
         // 2100-03-01, after a century that is not a leap year.
         assert_eq!(at(4_107_542_400_000), "2100-03-01T00:00:00.000Z");
+        // Times humantime cannot format are shown as the nearest end of its range, not a panic.
+        assert_eq!(at(u64::MAX), "9999-12-31T23:59:59.999Z");
+        assert_eq!(
+            timestamp(UNIX_EPOCH - Duration::from_secs(1)),
+            "1970-01-01T00:00:00.000Z"
+        );
     }
 
     #[test]
@@ -313,16 +269,19 @@ mod tests {
         assert_eq!(parse_duration("1h30m"), Ok(Duration::from_secs(5400)));
         assert_eq!(parse_duration("2d"), Ok(Duration::from_secs(172_800)));
         assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("1h 30m"), Ok(Duration::from_secs(5400)));
         for bad in [
             "",
+            " ",
             "15",
             "m",
             "1x",
             "-1s",
+            "1.5.0s",
             "99999999999999999999d",
-            "1h 30m",
         ] {
-            assert!(parse_duration(bad).is_err(), "{bad:?}");
+            let e = parse_duration(bad).expect_err(bad);
+            assert!(e.contains("is not a duration like 90s"), "{bad:?}: {e}");
         }
     }
 
