@@ -578,8 +578,8 @@ fn check_heads_store(store: &Store, n: usize) {
             "held{i}"
         );
     }
-    static NEW_KEYS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let new = NEW_KEYS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    static NEW_KEYS: crate::sync::AtomicUsize = crate::sync::AtomicUsize::new(0);
+    let new = NEW_KEYS.fetch_add(1, crate::sync::Ordering::Relaxed);
     match store.claim(&scope(), &format!("never{new}"), fp()) {
         Ok(Claim::Acquired(_)) => {}
         other => panic!("a key never claimed: {other:?}"),
@@ -844,8 +844,7 @@ fn a_journal_epoch_beyond_any_store_is_refused_not_overflowed() {
 /// batches after that checkpoint never reached the file's header, so they do not void it.
 #[test]
 fn an_open_after_a_crash_loads_the_allocator_state_and_does_not_repair() {
-    use std::sync::atomic::{AtomicBool, Ordering};
-    use std::sync::Arc;
+    use crate::sync::{Arc, AtomicBool, Ordering};
     let disk = SimDisk::new();
     let store = StoreBuilder::default()
         .journal_size(16 << 10)
@@ -1004,7 +1003,7 @@ fn an_open_reads_no_record_and_a_damaged_one_is_an_error_when_read() {
 #[test]
 fn dropping_the_last_store_while_the_healer_holds_it_closes_the_file_before_drop_returns() {
     use crate::file::heal::HOLD_HEALER;
-    use std::sync::atomic::Ordering;
+    use crate::sync::Ordering;
     use std::time::{Duration, Instant};
     let disk = SimDisk::new();
     let store = StoreBuilder::default()

@@ -33,12 +33,13 @@ use crate::error::{Error, Result};
 use crate::file::disk::{write_batch, Commit, FileState, Op};
 use crate::file::journal::{Appended, Journal};
 use crate::observe::{Lap, Observer};
-use crate::sync::{Arc, AtomicBool, AtomicU64, Condvar, Mutex, MutexGuard, Ordering, RwLock};
+use crate::sync::{
+    Arc, AtomicBool, AtomicU64, Condvar, Mutex, MutexGuard, Once, Ordering, RwLock, Weak,
+};
 use redb::Database;
 use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Once, Weak};
 use std::task::{Context, Poll, Waker};
 use std::thread::JoinHandle;
 

@@ -17,11 +17,10 @@ use crate::error::Result;
 use crate::file::index::{KeyHash, SlotState};
 use crate::file::store::FileStore;
 use crate::model::scope::Scope;
-use crate::sync::{AtomicU64, Mutex, Ordering};
+use crate::sync::{AtomicU64, AtomicUsize, Mutex, Ordering};
 use crate::timer::{far_future, sleep_until, Delay};
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::AtomicUsize;
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 

@@ -33,7 +33,7 @@ pub(crate) struct Config {
     /// The most duplicates waiting at once (`wait > 0`); more get 409 at once.
     pub(crate) max_waiters: usize,
     /// Duplicates waiting now.
-    pub(crate) waiters: std::sync::atomic::AtomicUsize,
+    pub(crate) waiters: crate::sync::AtomicUsize,
     /// The most bytes of a handler's response body the layer buffers to store it.
     pub(crate) max_response_bytes: usize,
     pub(crate) heartbeat: Option<Duration>,

@@ -3,11 +3,11 @@
 use super::config::Config;
 use super::policy::{default_outcome_policy, default_stored_header, OutcomePolicy};
 use super::service::IdempotencyService;
+use crate::sync::{Arc, AtomicUsize};
 use crate::{Fingerprint, Store};
 use ::http::request::Parts;
 use ::http::{HeaderName, Method, StatusCode};
 use bytes::Bytes;
-use std::sync::Arc;
 use std::time::Duration;
 
 /// A tower layer that implements the `Idempotency-Key` header field
@@ -75,7 +75,7 @@ impl IdempotencyLayer {
                 replay_header: HeaderName::from_static("idempotent-replayed"),
                 wait: Duration::ZERO,
                 max_waiters: 1024,
-                waiters: std::sync::atomic::AtomicUsize::new(0),
+                waiters: AtomicUsize::new(0),
                 max_response_bytes: 1 << 20,
                 heartbeat: None,
                 spawner: None,

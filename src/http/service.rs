@@ -4,6 +4,7 @@ use super::config::Config;
 use super::key::{self, KeyProblem};
 use super::policy::OutcomePolicy;
 use super::problem::{types, Problem};
+use crate::sync::{Arc, Ordering};
 use crate::timer::{far_future, sleep};
 use crate::{Claim, Error, Fingerprint, Scope, Store, Ticket};
 use ::http::request::Parts;
@@ -14,8 +15,6 @@ use http_body_util::{BodyExt, LengthLimitError, Limited};
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
-use std::sync::atomic::Ordering;
-use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 

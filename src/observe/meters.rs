@@ -2,9 +2,9 @@
 //! written once here, and the handles a store records through. `docs/operations.md` is the
 //! operator's list of them.
 
+use crate::sync::{AtomicI64, Ordering};
 use metrics::{Counter, Gauge, Histogram, Label, Unit};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicI64, Ordering};
 
 const CLAIMS: &str = "idemdb_claims_total";
 const COMPLETES: &str = "idemdb_completes_total";

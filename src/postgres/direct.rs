@@ -21,9 +21,10 @@
 //! never rests on the lane being alone: each statement is atomic on the server, which orders it
 //! against the batches of this store and of every other.
 
-use super::worker::{self, Conn, Context, Job, Sorted};
-use crate::sync::Ordering;
-use std::sync::Arc;
+use super::batches;
+use super::pool::Conn;
+use super::scheduler::{Context, Job, Sorted};
+use crate::sync::{Arc, Mutex, Ordering};
 
 /// The lane's runtime and connection (opened on first use, and again after it closed).
 pub(crate) struct Lane {
@@ -42,11 +43,7 @@ impl Lane {
 
 /// Runs `job` on the lane, answering it through its reply, if this caller may use the lane
 /// (see the module's text); otherwise gives the job back for the queue.
-pub(crate) fn try_run(
-    context: &Context,
-    lane: &parking_lot::Mutex<Option<Lane>>,
-    job: Job,
-) -> Option<Job> {
+pub(crate) fn try_run(context: &Context, lane: &Mutex<Option<Lane>>, job: Job) -> Option<Job> {
     if context.queued.load(Ordering::Acquire) != 0 || tokio::runtime::Handle::try_current().is_ok()
     {
         return Some(job);
@@ -80,7 +77,7 @@ pub(crate) fn try_run(
         if let Ok(open) = &open {
             *conn = Some(Arc::clone(open));
         }
-        worker::run_sorted(context, open, Sorted::of(vec![job])).await;
+        batches::run_sorted(context, open, Sorted::of(vec![job])).await;
     });
     None
 }

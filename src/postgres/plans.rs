@@ -17,7 +17,7 @@
 //! more: a statement that had no other plan would still run). The statements keep the
 //! planner away from `records_in_progress` where they look rows up by key (see `sql.rs`).
 
-use super::db_error;
+use super::rows::db_error;
 use crate::error::Result;
 use tokio_postgres::Client;
 

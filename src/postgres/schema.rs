@@ -2,7 +2,7 @@
 //! checked for a version this library can read. Also the durability settings each session
 //! runs with.
 
-use super::db_error;
+use super::rows::db_error;
 use super::sql::{CREATE, SCHEMA_VERSION};
 use crate::error::{Error, Result};
 use tokio_postgres::Client;

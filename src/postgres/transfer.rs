@@ -1,8 +1,10 @@
 //! Reading the PostgreSQL engine's records one by one ([`crate::Store::scan`], the export), and
 //! importing an export (see `crate::transfer`).
 
-use super::worker::Held;
-use super::{block, db_error, encode_headers, fence_column, response_of, schema, PgStore, Target};
+use super::bridge::block;
+use super::rows::Held;
+use super::rows::{db_error, encode_headers, fence_column, response_of, Target};
+use super::{schema, PgStore};
 use crate::error::{Error, Result};
 use crate::model::fingerprint::Fingerprint;
 use crate::model::listing::{Query, RecordStatus};
@@ -151,18 +153,18 @@ impl PgStore {
 
     /// Writes `records` into this store, which must hold no record, in one transaction: all
     /// of them or none. The fence sequence then continues above the largest imported fence.
+    /// The transaction runs on a connection of its own, in its turn with the batches.
     pub(crate) fn import_all(&self, records: Vec<Moved>) -> Result<u64> {
         let schema_name = self.shared.schema.clone();
         let count = u64::try_from(records.len()).unwrap_or(u64::MAX);
-        block(self.shared.task(move |conn| async move {
+        let context = crate::sync::Arc::clone(&self.shared.context);
+        block(self.shared.task(move |_| async move {
             let q = |text: &str| schema::qualify(text, &schema_name);
-            conn.client
-                .batch_execute("BEGIN")
-                .await
-                .map_err(db_error)?;
-            let result = async {
-                let occupied = conn
-                    .client
+            let mut own = context.pool.connect().await?;
+            // Rolled back when dropped uncommitted: on an error or a refusal below.
+            let tx = own.client.transaction().await.map_err(db_error)?;
+            {
+                let occupied = tx
                     .query_opt(&q("SELECT 1 FROM {s}.records LIMIT 1"), &[])
                     .await
                     .map_err(db_error)?;
@@ -178,8 +180,7 @@ impl PgStore {
                     for m in page {
                         c.push(m);
                     }
-                    conn.client
-                        .execute(
+                    tx.execute(
                             &insert,
                             &[
                                 &c.tenant, &c.endpoint, &c.key, &c.fence, &c.fingerprint,
@@ -199,19 +200,15 @@ impl PgStore {
                         })?;
                 }
                 let highest = records.iter().map(|m| fence_column(m.fence)).max().unwrap_or(0);
-                conn.client
-                    .query_one(
+                tx.query_one(
                         &q("SELECT setval('{s}.fences', greatest($1::bigint, (SELECT last_value FROM {s}.fences)))"),
                         &[&highest],
                     )
                     .await
                     .map_err(db_error)?;
-                Ok(())
             }
-            .await;
-            let end = if result.is_ok() { "COMMIT" } else { "ROLLBACK" };
-            conn.client.batch_execute(end).await.map_err(db_error)?;
-            result.map(|()| count)
+            tx.commit().await.map_err(db_error)?;
+            Ok(count)
         }))
     }
 }

@@ -1,0 +1,228 @@
+//! Reaping stale claims, resolving one, purging expired records, counting the table.
+
+use super::bridge::block;
+use super::rows::{
+    db_error, encode_headers, fence_column, fence_of, fingerprint_of, time_of, Target,
+};
+use super::{schema, sql, PgStore};
+use crate::engine::Tally;
+use crate::error::{Damaged, Error, Result};
+use crate::model::claim::{Resolution, StaleClaim};
+use crate::model::fingerprint::Fingerprint;
+use crate::model::scope::{scoped_key, Scope};
+use futures_channel::oneshot;
+
+/// How many stale claims one reap reads at a time, and expired records one purge statement
+/// deletes: bounded, so no statement holds many row locks for long.
+const CHUNK: i64 = 1000;
+
+impl PgStore {
+    pub(crate) fn record_count(&self) -> Result<u64> {
+        let text = schema::qualify(sql::COUNT, &self.shared.schema);
+        let count = block(self.shared.task(move |conn| async move {
+            let row = conn.client.query_one(&text, &[]).await.map_err(db_error)?;
+            row.try_get::<_, i64>(0).map_err(db_error)
+        }))?;
+        Ok(u64::try_from(count).unwrap_or_default())
+    }
+
+    pub(crate) fn reap(
+        &self,
+        mut resolver: impl FnMut(&StaleClaim) -> Result<Resolution>,
+    ) -> Tally {
+        let mut after = 0i64;
+        let mut resolved = 0;
+        loop {
+            let page = match block(self.stale_page(after)) {
+                Ok(page) => page,
+                Err(e) => return Tally::failed(e),
+            };
+            let full = i64::try_from(page.len()).unwrap_or(i64::MAX) >= CHUNK;
+            for stale in page {
+                after = stale.fence;
+                let decision = match resolver(&stale.claim()) {
+                    Ok(decision) => decision,
+                    Err(e) => return Tally::of(resolved, Err(e)),
+                };
+                match block(self.resolve_stale(stale, decision)) {
+                    Ok(true) => resolved += 1,
+                    Ok(false) => {}
+                    Err(e) => return Tally::failed(e),
+                }
+            }
+            if !full {
+                break;
+            }
+        }
+        Tally::of(resolved, Ok(()))
+    }
+
+    /// Resolves the stale claim of `key` with `fence`, if it is one: see
+    /// [`crate::Store::resolve`]. The record is read first (is it that stale claim?), then
+    /// resolved only if its lease is still the one read.
+    pub(crate) fn resolve(
+        &self,
+        scope: &Scope,
+        key: &str,
+        fence: u64,
+        resolution: Resolution,
+    ) -> Result<bool> {
+        let scoped = scoped_key(scope, key)?;
+        if resolution == Resolution::Keep {
+            return Ok(false);
+        }
+        let (now, held) = block(self.read(&scoped))?;
+        let Some(record) = held else {
+            return Ok(false);
+        };
+        let lease_until = record.lease_until.unwrap_or(now);
+        let stale = !record.completed && (record.orphan || lease_until <= now);
+        if record.fence != fence_column(fence) || !stale {
+            return Ok(false);
+        }
+        let stale = Stale {
+            fingerprint: fingerprint_of(&scoped, &record)?,
+            target: Target::of(&scoped),
+            fence: record.fence,
+            claimed_at: record.claimed_at,
+            lease_until,
+            orphan: record.orphan,
+        };
+        block(self.resolve_stale(stale, resolution))
+    }
+
+    fn stale_page(&self, after: i64) -> oneshot::Receiver<Result<Vec<Stale>>> {
+        let text = schema::qualify(sql::STALE, &self.shared.schema);
+        let adjust = self.shared.adjust();
+        let owner = self.shared.context.params.owner.clone();
+        let incarnation = self.shared.context.params.incarnation;
+        self.shared.task(move |conn| async move {
+            let rows = conn
+                .client
+                .query(&text, &[&adjust, &owner, &incarnation, &CHUNK, &after])
+                .await
+                .map_err(db_error)?;
+            rows.iter()
+                .map(|r| {
+                    let target = Target::from_row(r)?;
+                    let fingerprint: Vec<u8> = r.try_get(4).map_err(db_error)?;
+                    let fingerprint = <[u8; 32]>::try_from(fingerprint.as_slice())
+                        .map(Fingerprint::from_bytes)
+                        .map_err(|_| Error::Corrupted {
+                            damaged: Damaged::Record {
+                                fence: None,
+                                key: Some(target.key.clone()),
+                            },
+                            reason: "a stored fingerprint is not 32 bytes".into(),
+                        })?;
+                    Ok(Stale {
+                        target,
+                        fence: r.try_get(3).map_err(db_error)?,
+                        fingerprint,
+                        claimed_at: r.try_get(5).map_err(db_error)?,
+                        lease_until: r.try_get(6).map_err(db_error)?,
+                        orphan: r
+                            .try_get::<_, Option<bool>>(7)
+                            .map_err(db_error)?
+                            .unwrap_or_default(),
+                    })
+                })
+                .collect()
+        })
+    }
+
+    /// Applies a reap's decision to the claim as the resolver saw it; `false` if it changed
+    /// meanwhile (left as it is).
+    fn resolve_stale(&self, stale: Stale, decision: Resolution) -> oneshot::Receiver<Result<bool>> {
+        let schema = self.shared.schema.clone();
+        let adjust = self.shared.adjust();
+        let ttl = self.shared.context.params.ttl_ms;
+        self.shared.task(move |conn| async move {
+            let t = &stale.target;
+            let changed = match decision {
+                Resolution::Keep => 0,
+                Resolution::Release => conn
+                    .client
+                    .execute(
+                        &schema::qualify(sql::REAP_RELEASE, &schema),
+                        &[
+                            &t.tenant,
+                            &t.endpoint,
+                            &t.key,
+                            &stale.fence,
+                            &stale.lease_until,
+                        ],
+                    )
+                    .await
+                    .map_err(db_error)?,
+                Resolution::Complete(response) => conn
+                    .client
+                    .execute(
+                        &schema::qualify(sql::REAP_COMPLETE, &schema),
+                        &[
+                            &adjust,
+                            &t.tenant,
+                            &t.endpoint,
+                            &t.key,
+                            &stale.fence,
+                            &stale.lease_until,
+                            &i32::from(response.status),
+                            &encode_headers(&response.headers),
+                            &response.body,
+                            &ttl,
+                        ],
+                    )
+                    .await
+                    .map_err(db_error)?,
+            };
+            Ok(changed == 1)
+        })
+    }
+
+    pub(crate) fn purge_expired(&self) -> Tally {
+        let mut purged = 0;
+        loop {
+            let text = schema::qualify(sql::PURGE, &self.shared.schema);
+            let adjust = self.shared.adjust();
+            let deleted = block(self.shared.task(move |conn| async move {
+                conn.client
+                    .execute(&text, &[&adjust, &CHUNK])
+                    .await
+                    .map_err(db_error)
+            }));
+            let n = match deleted {
+                Ok(n) => n,
+                Err(e) => return Tally::failed(e),
+            };
+            purged += usize::try_from(n).unwrap_or(usize::MAX);
+            if i64::try_from(n).unwrap_or(i64::MAX) < CHUNK {
+                return Tally::of(purged, Ok(()));
+            }
+        }
+    }
+}
+
+/// A stale claim as a reap reads it.
+struct Stale {
+    target: Target,
+    fence: i64,
+    fingerprint: Fingerprint,
+    claimed_at: i64,
+    lease_until: i64,
+    orphan: bool,
+}
+
+impl Stale {
+    /// The claim as a resolver sees it.
+    pub(super) fn claim(&self) -> StaleClaim {
+        StaleClaim {
+            scope: self.target.scope(),
+            key: self.target.key.clone(),
+            fence: fence_of(self.fence),
+            fingerprint: self.fingerprint,
+            claimed_at: time_of(self.claimed_at),
+            lease_deadline: time_of(self.lease_until),
+            orphan: self.orphan,
+        }
+    }
+}
