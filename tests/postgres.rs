@@ -82,6 +82,28 @@ fn an_unreachable_server_is_a_database_error_not_a_hang() {
     assert!(started.elapsed() < Duration::from_secs(10));
 }
 
+/// A schema name PostgreSQL would refuse (`pg_` is reserved), or one that would need quoting,
+/// is the builder's typed error at connect, before anything is connected to. Broke: the
+/// builder's `schema` panicked on it, and took down a command that passed it an operator's name.
+#[test]
+fn a_bad_schema_name_is_refused_at_connect_before_connecting() {
+    // A port nothing listens on (bound, then closed): reaching for it is a Database error.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let nowhere = format!("host=127.0.0.1 port={port} user=postgres dbname=idem");
+    for bad in ["pg_x", "Payments", "1st", ""] {
+        match Store::builder().schema(bad).connect(&nowhere) {
+            Err(Error::InvalidSchema { name, .. }) => assert_eq!(name, bad),
+            other => panic!("{bad:?}: expected Error::InvalidSchema, got {other:?}"),
+        }
+    }
+    // A good name goes on to connect, and fails only at that.
+    database_error(Store::builder().schema("payments").connect(&nowhere));
+}
+
 #[test]
 fn an_unknown_role_and_a_missing_database_are_refused_at_connect() {
     let port = std::env::var("IDEMDB_PG_PORT").unwrap();
