@@ -256,16 +256,11 @@ impl StoreBuilder {
     /// stores share one database. Default: `idemdb`. Created on connect if missing.
     /// File stores ignore it.
     ///
-    /// # Panics
-    /// If `name` is not 1 to 63 lower-case ASCII letters, digits and `_`, not starting with a
-    /// digit (a name that needs no quoting wherever an operator types it).
+    /// The name must follow [`validate_schema`]'s rule; [`StoreBuilder::connect`] refuses
+    /// one that does not ([`crate::Error::InvalidSchema`]) before it connects.
     #[cfg(feature = "postgres")]
     pub fn schema(mut self, name: impl Into<String>) -> Self {
-        let name = name.into();
-        if let Err(why) = crate::postgres::check_schema_name(&name) {
-            panic!("{why}");
-        }
-        self.config.schema = name;
+        self.config.schema = name.into();
         self
     }
 
@@ -325,11 +320,14 @@ impl StoreBuilder {
     /// socket. See `docs/postgres.md`.
     ///
     /// # Errors
+    /// [`crate::Error::InvalidSchema`] for a [`StoreBuilder::schema`] name that breaks
+    /// [`validate_schema`]'s rule (before anything is connected to);
     /// [`crate::Error::Database`] for a bad connection string, an unreachable server, a
     /// refused login or missing permissions, or a server running with `fsync = off`;
     /// [`crate::Error::UnsupportedFormat`] for a schema a newer idemdb made.
     #[cfg(feature = "postgres")]
     pub fn connect(self, url: &str) -> Result<Store> {
+        validate_schema(&self.config.schema)?;
         let config = self.attached(None);
         let pg = crate::postgres::connect(config.clone(), url)?;
         Ok(Store::new(crate::engine::Engine::Postgres(pg), &config))
@@ -431,6 +429,30 @@ impl StoreBuilder {
             config,
         ))
     }
+}
+
+/// Checks a PostgreSQL schema name ([`StoreBuilder::schema`]): 1 to 63 bytes of lower-case
+/// ASCII letters (`a`-`z`), digits and `_`, not starting with a digit, and not starting with
+/// `pg_`, which PostgreSQL reserves for its own schemas. Such a name needs no quoting wherever
+/// an operator types it (`psql`, `pg_dump -n`, the `idemdb` command's `--schema`). For
+/// programs that take the name from their operator, to refuse it before connecting.
+///
+/// ```
+/// use idemdb::{validate_schema, Error};
+/// assert!(validate_schema("payments_v2").is_ok());
+/// let refused = validate_schema("Payments-v2").unwrap_err();
+/// assert!(matches!(refused, Error::InvalidSchema { .. }));
+/// // Says what is wrong and what a good name looks like.
+/// assert!(refused.to_string().contains("lower-case ASCII letters, digits and _"));
+/// assert!(validate_schema("pg_payments").is_err()); // reserved by PostgreSQL
+/// ```
+///
+/// # Errors
+/// [`crate::Error::InvalidSchema`] with the name and the first thing wrong with it.
+#[cfg(feature = "postgres")]
+pub fn validate_schema(name: &str) -> Result<()> {
+    // The rule lives beside the SQL that quotes the name.
+    crate::postgres::check_schema_name(name)
 }
 
 /// The public store over a file store just opened, healing as configured.

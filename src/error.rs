@@ -23,6 +23,15 @@ pub enum Error {
         /// Why it was refused.
         reason: InputProblem,
     },
+    /// The PostgreSQL schema name given to [`crate::StoreBuilder::schema`] breaks the rule of
+    /// [`crate::validate_schema`]: [`crate::StoreBuilder::connect`] refuses it before it
+    /// connects. Nothing was created.
+    InvalidSchema {
+        /// The name that was refused.
+        name: String,
+        /// Why it was refused.
+        reason: InputProblem,
+    },
     /// The ticket's claim is no longer held by it: it was released, completed, reaped, purged or
     /// taken over by a later claim (a newer fence). Nothing was changed.
     LeaseLost {
@@ -219,6 +228,12 @@ pub enum InputProblem {
         /// Its position.
         at: usize,
     },
+    /// It started with a prefix that is reserved (a schema name's `pg_`, which PostgreSQL
+    /// keeps for its own schemas).
+    Reserved {
+        /// The reserved prefix.
+        prefix: &'static str,
+    },
 }
 
 impl fmt::Display for InputProblem {
@@ -230,6 +245,9 @@ impl fmt::Display for InputProblem {
             }
             InputProblem::BadByte { byte, at } => {
                 write!(f, "byte {at} is 0x{byte:02x}, outside the accepted range")
+            }
+            InputProblem::Reserved { prefix } => {
+                write!(f, "it starts with {prefix}, a reserved prefix")
             }
         }
     }
@@ -264,6 +282,12 @@ impl fmt::Display for Error {
                 f,
                 "invalid scope {part} ({reason}): pass a non-empty {part} within the documented \
                  bound"
+            ),
+            Error::InvalidSchema { name, reason } => write!(
+                f,
+                "invalid PostgreSQL schema name {name:?} ({reason}): name it with 1 to 63 \
+                 lower-case ASCII letters, digits and _, not starting with a digit or with pg_ \
+                 (which PostgreSQL reserves), such as idemdb or payments_v2"
             ),
             Error::LeaseLost { fence } => write!(
                 f,

@@ -65,6 +65,8 @@ mod store;
 mod sync;
 mod timer;
 
+#[cfg(feature = "postgres")]
+pub use builder::validate_schema;
 pub use builder::StoreBuilder;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{PageCheck, StalePolicy};

@@ -4,8 +4,9 @@
 //!
 //! Runs against the server `scripts/with-postgres` starts (`IDEMDB_PG_URL`); SQL the store does
 //! not offer (creating roles, changing the schema version) goes through that server's `psql`
-//! (`IDEMDB_PG_BIN`). Child processes are this test binary run again with one test selected
-//! and `IDEMDB_PG_CHILD` set.
+//! (`IDEMDB_PG_BIN`). Child processes are this test binary run again with one ignored test
+//! selected and the variables its parent sets (`IDEMDB_PG_CHILD`, `IDEMDB_PG_SKEW_*`); run
+//! alone, without them, a child says so and passes.
 
 #![cfg(feature = "postgres")]
 
@@ -80,6 +81,28 @@ fn an_unreachable_server_is_a_database_error_not_a_hang() {
     assert_eq!(code, None);
     assert!(reason.to_lowercase().contains("connect"), "{reason}");
     assert!(started.elapsed() < Duration::from_secs(10));
+}
+
+/// A schema name PostgreSQL would refuse (`pg_` is reserved), or one that would need quoting,
+/// is the builder's typed error at connect, before anything is connected to. Broke: the
+/// builder's `schema` panicked on it, and took down a command that passed it an operator's name.
+#[test]
+fn a_bad_schema_name_is_refused_at_connect_before_connecting() {
+    // A port nothing listens on (bound, then closed): reaching for it is a Database error.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let nowhere = format!("host=127.0.0.1 port={port} user=postgres dbname=idem");
+    for bad in ["pg_x", "Payments", "1st", ""] {
+        match Store::builder().schema(bad).connect(&nowhere) {
+            Err(Error::InvalidSchema { name, .. }) => assert_eq!(name, bad),
+            other => panic!("{bad:?}: expected Error::InvalidSchema, got {other:?}"),
+        }
+    }
+    // A good name goes on to connect, and fails only at that.
+    database_error(Store::builder().schema("payments").connect(&nowhere));
 }
 
 #[test]
@@ -264,11 +287,19 @@ const FLEET_PROCESSES: usize = 4;
 /// One fleet member (a child process): claims random keys of a shared set; on `Acquired` it
 /// appends `key fence` to the shared ledger file before completing (or, for a third of first
 /// executions, releasing: a new generation of the key). Every replay must be the response of
-/// the key's completed execution.
+/// the key's completed execution. Run alone (`cargo test -- --ignored` runs every ignored
+/// test), without the variables its parent sets, it says so and passes.
 #[test]
 #[ignore = "a child process of processes_sharing_one_database_execute_each_key_once_per_generation"]
 fn fleet_member() {
-    let id = std::env::var("IDEMDB_PG_CHILD").expect("run as a child of the fleet test");
+    let Ok(id) = std::env::var("IDEMDB_PG_CHILD") else {
+        eprintln!(
+            "fleet_member is a child process of \
+             processes_sharing_one_database_execute_each_key_once_per_generation, run by it \
+             (IDEMDB_PG_CHILD is not set): nothing to do alone"
+        );
+        return;
+    };
     let id: u64 = id.parse().unwrap();
     let schema = std::env::var("IDEMDB_PG_FLEET_SCHEMA").unwrap();
     let ledger = std::env::var("IDEMDB_PG_FLEET_LEDGER").unwrap();
@@ -392,12 +423,20 @@ fn processes_sharing_one_database_execute_each_key_once_per_generation() {
 // A replica whose clock is wrong.
 
 /// The skewed member (a child process run under `faketime`, its wall clock 30 s off): it must
-/// neither take over the parent's live lease nor replay the parent's expired record.
+/// neither take over the parent's live lease nor replay the parent's expired record. Run alone
+/// (`cargo test -- --ignored` runs every ignored test), without the variables its parent sets,
+/// it says so and passes.
 #[test]
-#[ignore = "a child process of a_replica_whose_clock_is_30_seconds_off_..."]
+#[ignore = "a child process of a_replica_whose_clock_is_30_seconds_off_neither_takes_a_live_lease_nor_replays_an_expired_record"]
 fn skewed_member() {
-    let parent_now =
-        std::env::var("IDEMDB_PG_SKEW_PARENT_NOW").expect("run as a child of the skew test");
+    let Ok(parent_now) = std::env::var("IDEMDB_PG_SKEW_PARENT_NOW") else {
+        eprintln!(
+            "skewed_member is a child process of \
+             a_replica_whose_clock_is_30_seconds_off_neither_takes_a_live_lease_nor_replays_an_expired_record, \
+             run by it under faketime (IDEMDB_PG_SKEW_PARENT_NOW is not set): nothing to do alone"
+        );
+        return;
+    };
     let schema = std::env::var("IDEMDB_PG_SKEW_SCHEMA").unwrap();
     let expect_skew: i64 = std::env::var("IDEMDB_PG_SKEW_SECONDS")
         .unwrap()

@@ -67,7 +67,9 @@ impl Target {
 
     #[cfg(feature = "postgres")]
     pub(crate) fn connect(&self) -> Result<Store, Failure> {
-        check_schema(&self.schema)?;
+        // Refused here to name the option; `connect` would refuse it too, without naming it.
+        idemdb::validate_schema(&self.schema)
+            .map_err(|e| Failure::new(Exit::Usage, format!("--schema: {e}")))?;
         Ok(Store::builder()
             .schema(self.schema.clone())
             .connect(&self.store)?)
@@ -80,28 +82,6 @@ impl Target {
             Exit::Usage,
             "this idemdb was built without PostgreSQL: install it with \
              `cargo install idemdb-cli --features postgres`",
-        ))
-    }
-}
-
-/// The rule `StoreBuilder::schema` enforces, checked here so that a bad name is a usage error
-/// rather than a panic.
-#[cfg(feature = "postgres")]
-fn check_schema(name: &str) -> Result<(), Failure> {
-    let ok = (1..=63).contains(&name.len())
-        && !name.starts_with(|c: char| c.is_ascii_digit())
-        && name
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
-    if ok {
-        Ok(())
-    } else {
-        Err(Failure::new(
-            Exit::Usage,
-            format!(
-                "--schema {name:?}: 1 to 63 lower-case ASCII letters, digits and _, not \
-                 starting with a digit"
-            ),
         ))
     }
 }

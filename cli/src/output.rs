@@ -75,7 +75,10 @@ impl From<idemdb::Error> for Failure {
             E::Corrupted { .. } | E::JournalMismatch { .. } | E::UnsupportedFormat { .. } => {
                 Exit::Damaged
             }
-            E::InvalidKey { .. } | E::InvalidScope { .. } | E::InvalidImport { .. } => Exit::Usage,
+            E::InvalidKey { .. }
+            | E::InvalidScope { .. }
+            | E::InvalidSchema { .. }
+            | E::InvalidImport { .. } => Exit::Usage,
             _ => Exit::Failed,
         };
         let message = match &e {

@@ -131,6 +131,39 @@ fn bad_arguments_exit_2_and_say_what_is_wrong() {
     assert!(r.stderr.contains("key"), "{}", r.stderr);
 }
 
+/// A `--schema` the library refuses is bad input: exit 2, saying what a good name is, before
+/// anything is connected to (the port below has no server). Broke: the command checked its own
+/// copy of the rule, which allowed `pg_` names, and the library's builder then panicked on them.
+#[cfg(feature = "postgres")]
+#[test]
+fn a_bad_schema_name_is_exit_2_and_says_what_a_good_one_is() {
+    let url = "postgres://127.0.0.1:1/x";
+    let long = "a".repeat(64);
+    for (schema, says) in [
+        ("pg_x", "pg_"),
+        ("Bad-Name", "byte 0"),
+        ("", "empty"),
+        (long.as_str(), "64 bytes"),
+    ] {
+        for json in [false, true] {
+            let mut args = vec!["--schema", schema, "stats", url];
+            if json {
+                args.insert(0, "--json");
+            }
+            let r = run(&args);
+            assert_eq!(r.code, 2, "{args:?}: {}", r.stderr);
+            assert!(!r.stderr.contains("panicked"), "{args:?}: {}", r.stderr);
+            for part in [says, "--schema", "lower-case ASCII letters, digits and _"] {
+                assert!(r.stderr.contains(part), "{args:?}: {}", r.stderr);
+            }
+            if json {
+                let doc: Value = serde_json::from_str(&r.stdout).unwrap();
+                assert_eq!(doc["exit"], 2, "{}", r.stdout);
+            }
+        }
+    }
+}
+
 #[test]
 fn a_missing_store_is_exit_3_and_nothing_is_created() {
     let dir = tempfile::tempdir().unwrap();

@@ -4,25 +4,47 @@
 
 use super::rows::db_error;
 use super::sql::{CREATE, SCHEMA_VERSION};
-use crate::error::{Error, Result};
+use crate::error::{Error, InputProblem, Result};
 use tokio_postgres::Client;
 
-/// Checks a schema name: 1 to 63 bytes of lower-case ASCII letters, digits and `_`, not
-/// starting with a digit, so it needs no quoting anywhere an operator types it.
-pub(crate) fn check_name(name: &str) -> std::result::Result<(), String> {
-    let ok = (1..=63).contains(&name.len())
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
-        && !name.as_bytes()[0].is_ascii_digit()
-        && !name.starts_with("pg_");
-    if ok {
-        Ok(())
+/// The longest schema name: PostgreSQL's identifiers are at most 63 bytes (`NAMEDATALEN - 1`).
+const MAX_NAME_LEN: usize = 63;
+
+/// The prefix PostgreSQL keeps for its system schemas: `CREATE SCHEMA pg_x` fails (SQLSTATE
+/// 42939).
+const RESERVED_PREFIX: &str = "pg_";
+
+/// The schema-name rule [`crate::validate_schema`] documents (and exports).
+///
+/// # Errors
+/// [`Error::InvalidSchema`] with the first thing wrong with `name`.
+pub(crate) fn check_name(name: &str) -> Result<()> {
+    let bytes = name.as_bytes();
+    let reason = if bytes.is_empty() {
+        InputProblem::Empty
+    } else if bytes.len() > MAX_NAME_LEN {
+        InputProblem::TooLong {
+            len: bytes.len(),
+            max: MAX_NAME_LEN,
+        }
+    } else if let Some(at) = bytes.iter().enumerate().position(|(at, &b)| {
+        !(b.is_ascii_lowercase() || b == b'_' || (at > 0 && b.is_ascii_digit()))
+    }) {
+        InputProblem::BadByte {
+            byte: bytes[at],
+            at,
+        }
+    } else if name.starts_with(RESERVED_PREFIX) {
+        InputProblem::Reserved {
+            prefix: RESERVED_PREFIX,
+        }
     } else {
-        Err(format!(
-            "schema name {name:?} is not 1 to 63 lower-case ASCII letters, digits and _ (not starting with a digit or pg_)"
-        ))
-    }
+        return Ok(());
+    };
+    Err(Error::InvalidSchema {
+        name: name.to_owned(),
+        reason,
+    })
 }
 
 /// `text` with `{s}` replaced by the quoted schema name.
@@ -130,8 +152,16 @@ mod tests {
 
     #[test]
     fn schema_names_are_plain_identifiers() {
-        for good in ["idemdb", "a", "payments_v2", "_x", &"a".repeat(63)] {
-            assert!(check_name(good).is_ok(), "{good}");
+        for good in [
+            "idemdb",
+            "a",
+            "payments_v2",
+            "_x",
+            "x_pg_",
+            "pg",
+            &"a".repeat(63),
+        ] {
+            assert!(crate::validate_schema(good).is_ok(), "{good}");
         }
         for bad in [
             "",
@@ -142,9 +172,36 @@ mod tests {
             "a b",
             "é",
             "pg_x",
+            "pg_",
             &"a".repeat(64),
         ] {
-            assert!(check_name(bad).is_err(), "{bad}");
+            assert!(
+                matches!(
+                    crate::validate_schema(bad),
+                    Err(Error::InvalidSchema { ref name, .. }) if name == bad
+                ),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_refused_schema_name_says_why_and_what_a_good_one_is() {
+        let reason = |name: &str| match crate::validate_schema(name) {
+            Err(Error::InvalidSchema { reason, .. }) => reason,
+            other => panic!("{name}: {other:?}"),
+        };
+        assert_eq!(reason(""), InputProblem::Empty);
+        assert_eq!(
+            reason(&"a".repeat(64)),
+            InputProblem::TooLong { len: 64, max: 63 }
+        );
+        assert_eq!(reason("1abc"), InputProblem::BadByte { byte: b'1', at: 0 });
+        assert_eq!(reason("ab-c"), InputProblem::BadByte { byte: b'-', at: 2 });
+        assert_eq!(reason("pg_x"), InputProblem::Reserved { prefix: "pg_" });
+        let message = crate::validate_schema("pg_x").unwrap_err().to_string();
+        for part in ["\"pg_x\"", "reserved", "lower-case", "such as idemdb"] {
+            assert!(message.contains(part), "{message}");
         }
     }
 
