@@ -26,8 +26,8 @@
 //! Every fault is drawn from a small seeded PRNG (per agent, and per tool-server call), and every
 //! duration is simulated (nothing sleeps for it), so a seed always tells the same story.
 
-use idemdb::agent::{Gateway, Outcome, ToolCallKey, ToolContext, ToolError};
-use idemdb::{ManualClock, Stats, Store};
+use idemdb::agent::{Gateway, Outcome, ToolCallKey};
+use idemdb::{Attempt, Failure, ManualClock, Stats, Store};
 use std::collections::{BTreeMap, HashMap};
 use std::panic::{self, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
@@ -83,14 +83,14 @@ const SERVER_SLOW: Duration = Duration::from_secs(45);
 /// call; it is how long a crashed call's key stays blocked.
 const LEASE: Duration = Duration::from_secs(30);
 /// How long the crashed process takes to come back. Longer than the lease, so the calls it
-/// left in flight can be taken over (a quicker restart would see `InFlight` until the lease
+/// left in flight can be taken over (a quicker restart would see `InProgress` until the lease
 /// ran out, or could `Gateway::reap` them at once).
 const DOWNTIME: Duration = Duration::from_secs(45);
 
 // Real durations (short: the simulated tools answer in microseconds).
 /// How long a duplicate of a running call waits in the gateway for its result.
 const IN_FLIGHT_WAIT: Duration = Duration::from_secs(2);
-/// The longest the harness backs off after an `InFlight` answer.
+/// The longest the harness backs off after an `InProgress` answer.
 const MAX_BACKOFF: Duration = Duration::from_millis(5);
 
 // Fault rates, in per mille.
@@ -181,7 +181,7 @@ fn open_store(path: &Path, clock: &ManualClock) -> idemdb::Result<Store> {
     Store::builder()
         .clock(clock.clone())
         .lease(LEASE)
-        // The hint an `InFlight` answer carries; the gateway also naps on it while it waits.
+        // The hint an `InProgress` answer carries; the gateway also naps on it while it waits.
         .retry_after(Duration::from_millis(2))
         .open(path)
 }
@@ -674,8 +674,9 @@ impl World {
         metrics.bump(&metrics.calls);
         let mut ran = ToolRun::default();
         let call = panic::catch_unwind(AssertUnwindSafe(|| {
-            gateway.call(spec.tenant, key, args.as_bytes(), |ctx| {
-                self.run_tool(ctx, tool, &reference(spec.tenant, key), death, &mut ran)
+            gateway.call(spec.tenant, key, args.as_bytes(), |attempt| {
+                let reference = reference(spec.tenant, key);
+                self.run_tool(attempt, tool, args, &reference, death, &mut ran)
             })
         }));
         let outcome = match call {
@@ -717,20 +718,21 @@ impl World {
                     Sent::new(answer, "replayed")
                 }
             }
-            Outcome::Released { reason } => {
+            Outcome::Released { error } => {
                 metrics.bump(&metrics.released);
+                let reason = String::from_utf8_lossy(&error);
                 let note = match ran.reconciled {
                     Some(reconciled) => format!("{reconciled}: {reason}, released"),
                     None => format!("{reason}, released"),
                 };
                 Sent::new(Heard::Error, &note)
             }
-            Outcome::InFlight { retry_after } => {
+            Outcome::InProgress { retry_after } => {
                 metrics.bump(&metrics.in_flight);
                 Sent::new(Heard::Busy(retry_after), "in flight elsewhere")
             }
-            // `ArgumentsChanged` comes only under `ArgumentPolicy::Strict`, which this gateway
-            // does not use: it replays reworded calls.
+            // `Mismatch` comes only under `ArgumentPolicy::Strict`, which this gateway does not
+            // use: it replays reworded calls. No tool here fails ambiguously (`Unresolved`).
             other => unreachable!("unexpected outcome {other:?}"),
         };
         Ok(sent)
@@ -740,13 +742,14 @@ impl World {
     /// reconciliation first when the gateway says an earlier attempt was abandoned.
     fn run_tool(
         &self,
-        ctx: &ToolContext<'_>,
+        attempt: &Attempt,
         tool: Tool,
+        args: &str,
         reference: &str,
         death: Option<Death>,
         ran: &mut ToolRun,
-    ) -> Result<Vec<u8>, ToolError> {
-        if let Some(abandoned) = ctx.takeover {
+    ) -> Result<Vec<u8>, Failure<Vec<u8>>> {
+        if let Some(abandoned) = attempt.takeover() {
             // An earlier attempt of this very call claimed the key and never finished (here:
             // its process died). It may or may not have reached the server, so look the
             // effect up by its reference before creating a second one.
@@ -771,7 +774,7 @@ impl World {
         if death == Some(Death::BeforeTheRequest) {
             panic::panic_any(ProcessKilled);
         }
-        let reply = self.server.call(tool, reference, ctx.args);
+        let reply = self.server.call(tool, reference, args.as_bytes());
         if death == Some(Death::AfterTheEffect) {
             panic::panic_any(ProcessKilled);
         }
@@ -784,7 +787,7 @@ impl World {
             // attempt runs the tool again. (A timeout from the server would NOT be transient:
             // the effect may have happened, and releasing the key would let the retry repeat
             // it. Here the gateway waits the server out; it is the harness that gives up.)
-            Err(Unavailable) => Err(ToolError::Transient("503".to_owned())),
+            Err(Unavailable) => Err(Failure::Transient(b"503".to_vec())),
         }
     }
 

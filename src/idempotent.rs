@@ -22,8 +22,9 @@ pub(crate) const STATUS_OK: u16 = 200;
 /// The status of a stored deterministic failure.
 pub(crate) const STATUS_FAILED: u16 = 422;
 
-/// How a closure run by an [`IdempotentFn`] failed. The variant decides what happens to the key,
-/// by the same rules as the HTTP layer (5xx and 429 released, 4xx stored) and the agent gateway.
+/// How a closure run by an [`IdempotentFn`] (or a tool run by [`crate::agent::Gateway::call`])
+/// failed. The variant decides what happens to the key, by the same rules as the HTTP layer (5xx
+/// and 429 released, 4xx stored) and the agent gateway.
 ///
 /// ```
 /// use idemdb::{CallOutcome, Failure, IdempotentFn, Scope, Store};
@@ -126,8 +127,9 @@ impl<T, E> CallOutcome<T, E> {
     }
 }
 
-/// What the closure of an [`IdempotentFn`] sees of its claim: the fence to pass downstream,
-/// whether it took over an abandoned attempt, and a way to renew its lease.
+/// What the closure of an [`IdempotentFn`] (or a tool run by [`crate::agent::Gateway::call`])
+/// sees of its claim: the fence to pass downstream, whether it took over an abandoned attempt,
+/// and a way to renew its lease.
 ///
 /// ```
 /// use idemdb::{Failure, IdempotentFn, Scope, Store};

@@ -5,8 +5,8 @@
 mod engines;
 
 use engines::Backend;
-use idemdb::agent::{ArgumentPolicy, Gateway, Outcome, ToolCallKey, ToolError};
-use idemdb::{ManualClock, Store};
+use idemdb::agent::{ArgumentPolicy, Gateway, Outcome, ToolCallKey};
+use idemdb::{Attempt, Failure, ManualClock, Resolution, Store};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
@@ -34,7 +34,7 @@ on_every_engine! {
         let gw = Gateway::new(b.store());
         let key = ToolCallKey::new("task-1", 4, "create_incident");
         let runs = AtomicU32::new(0);
-        let tool = |_: &idemdb::agent::ToolContext<'_>| {
+        let tool = |_: &Attempt| {
             runs.fetch_add(1, Ordering::SeqCst);
             Ok(b"INC-1".to_vec())
         };
@@ -54,9 +54,11 @@ on_every_engine! {
     fn reworded_arguments_collapse_and_say_so(b: Backend) {
         let gw = Gateway::new(b.store());
         let key = ToolCallKey::new("task-1", 4, "create_incident");
+        let args: &[u8] = br#"{"title":"DB down"}"#;
         let first = gw
-            .call("agent", &key, br#"{"title":"DB down"}"#, |ctx| {
-                assert_eq!(ctx.args, br#"{"title":"DB down"}"#);
+            .call("agent", &key, args, |_| {
+                // The tool works from its caller's arguments (the closure captures them).
+                assert_eq!(args, br#"{"title":"DB down"}"#);
                 Ok(b"INC-1".to_vec())
             })
             .unwrap();
@@ -93,7 +95,7 @@ on_every_engine! {
         assert_eq!(
             gw.call("agent", &key, b"1000", |_| panic!("must not run"))
                 .unwrap(),
-            Outcome::ArgumentsChanged
+            Outcome::Mismatch { completed: true }
         );
         assert!(matches!(
             gw.call("agent", &key, b"100", |_| panic!("must not run"))
@@ -112,19 +114,19 @@ on_every_engine! {
         let key = ToolCallKey::new("task-1", 2, "send_email");
         let out = gw
             .call("agent", &key, b"x", |_| {
-                Err(ToolError::Transient("tool server: 503".into()))
+                Err(Failure::Transient(b"tool server: 503".to_vec()))
             })
             .unwrap();
         assert_eq!(
             out,
             Outcome::Released {
-                reason: "tool server: 503".into()
+                error: b"tool server: 503".to_vec()
             }
         );
         // Released: the next attempt runs the tool again, and this time it fails for good.
         let out = gw
             .call("agent", &key, b"x", |_| {
-                Err(ToolError::Failed(b"invalid recipient".to_vec()))
+                Err(Failure::Deterministic(b"invalid recipient".to_vec()))
             })
             .unwrap();
         assert_eq!(
@@ -190,7 +192,7 @@ on_every_engine! {
                         assert!(!wait.is_zero() || result.is_ok());
                         assert_eq!(result.as_deref().unwrap(), b"T-1");
                     }
-                    Outcome::InFlight { .. } => assert!(wait.is_zero(), "waited: {o:?}"),
+                    Outcome::InProgress { .. } => assert!(wait.is_zero(), "waited: {o:?}"),
                     other => panic!("{other:?}"),
                 }
             }
@@ -198,7 +200,7 @@ on_every_engine! {
                 assert!(
                     outcomes
                         .iter()
-                        .all(|o| !matches!(o, Outcome::InFlight { .. })),
+                        .all(|o| !matches!(o, Outcome::InProgress { .. })),
                     "in wait mode every duplicate gets the replay"
                 );
             }
@@ -253,13 +255,13 @@ on_every_engine! {
         assert!(matches!(
             gw.call("agent", &key, b"{}", |_| panic!("must not run"))
                 .unwrap(),
-            Outcome::InFlight { .. }
+            Outcome::InProgress { .. }
         ));
         clock.advance(Duration::from_secs(60));
         let out = gw
-            .call("agent", &key, b"{}", |ctx| {
-                let takeover = ctx.takeover.expect("the abandoned attempt is reported");
-                assert!(takeover.previous_fence < ctx.fence);
+            .call("agent", &key, b"{}", |attempt| {
+                let takeover = attempt.takeover().expect("the abandoned attempt is reported");
+                assert!(takeover.previous_fence < attempt.fence());
                 Ok(b"reconciled: charge found, not repeated".to_vec())
             })
             .unwrap();
@@ -341,7 +343,7 @@ on_every_engine! {
         // The tool server timed out after the request was sent: the incident may exist.
         let out = gw
             .call("agent", &key, b"{}", |_| {
-                Err(ToolError::Ambiguous("timed out after sending".into()))
+                Err(Failure::Ambiguous(b"timed out after sending".to_vec()))
             })
             .unwrap();
         assert!(matches!(out, Outcome::Unresolved { .. }), "{out:?}");
@@ -350,13 +352,13 @@ on_every_engine! {
                 "must not run while unresolved"
             ))
             .unwrap(),
-            Outcome::InFlight { .. }
+            Outcome::InProgress { .. }
         ));
         clock.advance(Duration::from_secs(60));
         let out = gw
-            .call("agent", &key, b"{}", |ctx| {
+            .call("agent", &key, b"{}", |attempt| {
                 assert!(
-                    ctx.takeover.is_some(),
+                    attempt.takeover().is_some(),
                     "the next attempt is told to reconcile"
                 );
                 Ok(b"INC-1 (found, not recreated)".to_vec())
@@ -378,15 +380,15 @@ on_every_engine! {
         let gw = Gateway::new(store);
         let key = ToolCallKey::new("task-6", 1, "long_export");
         let out = gw
-            .call("agent", &key, b"{}", |ctx| {
+            .call("agent", &key, b"{}", |attempt| {
                 for _ in 0..3 {
                     clock.advance(Duration::from_secs(50));
-                    ctx.extend_lease(Duration::from_secs(60)).unwrap();
+                    attempt.extend_lease(Duration::from_secs(60)).unwrap();
                     // A duplicate arriving now finds the call in flight, not stale.
                     assert!(matches!(
                         gw.call("agent", &key, b"{}", |_| panic!("must not run twice"))
                             .unwrap(),
-                        Outcome::InFlight { .. }
+                        Outcome::InProgress { .. }
                     ));
                 }
                 Ok(b"done".to_vec())
@@ -399,13 +401,12 @@ on_every_engine! {
 on_every_engine! {
     /// `Gateway::reap` resolves abandoned calls: a call found executed replays as the tool's
     /// result (not as changed arguments, which the reaper cannot know), one found not executed is
-    /// released and runs again, an undecided one stays in flight, and claims that are not tool
+    /// released and runs again, an undecided one stays in progress, and claims that are not tool
     /// calls (an HTTP endpoint in the same store) are never offered.
     fn reap_resolves_abandoned_calls_and_a_resolved_call_replays_as_the_tools_result(b: Backend) {
         let (clock, store) = store_with_manual_clock(&b);
         let gw = Gateway::new(store.clone());
-        let ambiguous =
-            |_: &idemdb::agent::ToolContext<'_>| Err(ToolError::Ambiguous("timeout".into()));
+        let ambiguous = |_: &Attempt| Err(Failure::Ambiguous(b"timeout".to_vec()));
         let done = ToolCallKey::new("task-9", 1, "create_incident");
         let not_done = ToolCallKey::new("task-9", 2, "send_email");
         let unknown = ToolCallKey::new("task-9", 3, "transfer");
@@ -426,14 +427,14 @@ on_every_engine! {
         let mut offered = Vec::new();
         let resolved = gw
             .reap(|call| {
-                assert_eq!(call.tenant, "agent");
+                assert_eq!(call.scope.tenant(), "agent");
                 offered.push(call.key.clone());
                 if call.key == done.as_str() {
-                    idemdb::agent::CallResolution::Executed(b"INC-7".to_vec())
+                    Resolution::Complete(Ok(b"INC-7".to_vec()))
                 } else if call.key == not_done.as_str() {
-                    idemdb::agent::CallResolution::NotExecuted
+                    Resolution::Release
                 } else {
-                    idemdb::agent::CallResolution::Undecided
+                    Resolution::Keep
                 }
             })
             .unwrap();
@@ -456,8 +457,8 @@ on_every_engine! {
             }
         );
         assert_eq!(
-            gw.call("agent", &not_done, br#"{"a":1}"#, |ctx| {
-                assert!(ctx.takeover.is_none(), "released: a clean run");
+            gw.call("agent", &not_done, br#"{"a":1}"#, |attempt| {
+                assert!(attempt.takeover().is_none(), "released: a clean run");
                 Ok(b"sent".to_vec())
             })
             .unwrap(),
@@ -465,8 +466,8 @@ on_every_engine! {
         );
         // Undecided: still abandoned; the next attempt takes it over and reconciles itself.
         assert!(matches!(
-            gw.call("agent", &unknown, br#"{"a":1}"#, |ctx| {
-                assert!(ctx.takeover.is_some());
+            gw.call("agent", &unknown, br#"{"a":1}"#, |attempt| {
+                assert!(attempt.takeover().is_some());
                 Ok(b"found".to_vec())
             })
             .unwrap(),
@@ -483,5 +484,34 @@ on_every_engine! {
             idemdb::Claim::Acquired(t) => assert!(t.takeover().is_some()),
             other => panic!("{other:?}"),
         }
+    }
+}
+
+on_every_engine! {
+    /// A resolver that finds the tool failed for good (`Complete(Err(..))`) stores the failure:
+    /// later attempts replay it as the tool's deterministic failure, and the tool does not run.
+    fn a_call_reaped_as_failed_replays_the_failure(b: Backend) {
+        let (clock, store) = store_with_manual_clock(&b);
+        let gw = Gateway::new(store);
+        let key = ToolCallKey::new("task-10", 1, "transfer");
+        let out = gw
+            .call("agent", &key, b"{}", |_| {
+                Err(Failure::Ambiguous(b"timeout".to_vec()))
+            })
+            .unwrap();
+        assert!(matches!(out, Outcome::Unresolved { .. }), "{out:?}");
+        clock.advance(Duration::from_secs(61));
+        let resolved = gw
+            .reap(|_| Resolution::Complete(Err(b"account closed".to_vec())))
+            .unwrap();
+        assert_eq!(resolved, 1);
+        assert_eq!(
+            gw.call("agent", &key, b"{}", |_| panic!("must not run"))
+                .unwrap(),
+            Outcome::Replayed {
+                result: Err(b"account closed".to_vec()),
+                arguments_changed: false
+            }
+        );
     }
 }

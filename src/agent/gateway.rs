@@ -2,15 +2,15 @@
 
 use super::key::ToolCallKey;
 use crate::error::{Error, Result};
-use crate::idempotent::{Attempt, Once, Ran, Step, STATUS_FAILED, STATUS_OK};
-use crate::model::claim::{Resolution, Takeover};
+use crate::idempotent::{Attempt, Failure, Once, Ran, Step, STATUS_FAILED, STATUS_OK};
+use crate::model::claim::{Resolution, StaleClaim, Takeover};
 use crate::model::fingerprint::Fingerprint;
 use crate::model::response::Response;
 use crate::model::scope::Scope;
 use crate::store::Store;
 use sha2::{Digest, Sha256};
 use std::panic::{self, AssertUnwindSafe};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 /// The endpoint part of every tool call's scope: tool calls never share records with HTTP
 /// endpoints of the same tenant.
@@ -27,99 +27,86 @@ pub enum ArgumentPolicy {
     /// arguments, and that retry must not repeat the side effect.
     #[default]
     ReplayFirst,
-    /// A retry with different arguments is refused ([`Outcome::ArgumentsChanged`]) and nothing
-    /// runs: for tools where different arguments can only mean a different intent.
+    /// A retry with different arguments is refused ([`Outcome::Mismatch`]) and nothing runs:
+    /// for tools where different arguments can only mean a different intent.
     Strict,
 }
 
-/// How a tool failed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum ToolError {
-    /// A failure of the moment that certainly did **not** perform the side effect (connection
-    /// refused, a 503 or 429 answered before any work, a rate limit): the key is released, and
-    /// the next attempt runs the tool again.
-    Transient(String),
-    /// The side effect may or may not have happened (a timeout after the request was sent, a
-    /// connection reset mid-response). The claim is left in progress: duplicates get
-    /// [`Outcome::InFlight`] until its lease runs out, then the next attempt runs with
-    /// [`ToolContext::takeover`] set, so it looks the effect up before repeating it. Never
-    /// report an ambiguous failure as `Transient`: releasing would repeat the side effect.
-    Ambiguous(String),
-    /// A deterministic failure (invalid arguments, a refused operation): stored like a result
-    /// and replayed to every retry.
-    Failed(Vec<u8>),
-}
-
-/// What a tool sees when the gateway runs it.
-#[derive(Debug)]
-pub struct ToolContext<'a> {
-    /// The arguments of this attempt.
-    pub args: &'a [u8],
-    /// The claim's fencing token: pass it to the tool server if it can refuse stale writers.
-    pub fence: u64,
-    /// `Some` when an earlier attempt of this call was abandoned (it crashed or its lease ran
-    /// out) and may have performed the side effect: reconcile first (look the effect up by the
-    /// key) before performing it again.
-    pub takeover: Option<&'a Takeover>,
-    attempt: &'a Attempt,
-}
-
-impl ToolContext<'_> {
-    /// Renews this call's lease to run until `by` from now, so a slow tool is not taken over
-    /// by a duplicate. Call it periodically from a tool that may outlast the store's lease.
-    ///
-    /// # Errors
-    /// [`Error::LeaseLost`] if the call was already taken over or reaped: stop, another
-    /// attempt owns the side effect now.
-    pub fn extend_lease(&self, by: Duration) -> Result<()> {
-        self.attempt.extend_lease(by)
-    }
-}
-
-/// A stored tool result: `Ok` for success, `Err` for a deterministic failure.
+/// A stored tool result: `Ok` for success, `Err` for a deterministic failure
+/// ([`Failure::Deterministic`]).
+///
+/// ```
+/// use idemdb::agent::{Gateway, Outcome, ToolCallKey, ToolResult};
+/// use idemdb::{Failure, Store};
+/// let gateway = Gateway::new(Store::in_memory()?);
+/// let key = ToolCallKey::new("task-7", 1, "transfer");
+/// let refused = gateway.call("agent-a", &key, b"{}", |_| {
+///     Err(Failure::Deterministic(b"insufficient funds".to_vec()))
+/// })?;
+/// let expected: ToolResult = Err(b"insufficient funds".to_vec());
+/// assert_eq!(refused, Outcome::Executed { result: expected, takeover: None });
+/// # Ok::<(), idemdb::Error>(())
+/// ```
 pub type ToolResult = std::result::Result<Vec<u8>, Vec<u8>>;
 
-/// The outcome of [`Gateway::call`].
+/// The outcome of [`Gateway::call`], in the words of [`crate::CallOutcome`], with one addition:
+/// a replay says whether the arguments changed. Every variant is an expected answer; `Err` from
+/// a call means the store failed.
+///
+/// ```
+/// use idemdb::agent::{Gateway, Outcome, ToolCallKey};
+/// use idemdb::{Failure, Store};
+/// let gateway = Gateway::new(Store::in_memory()?);
+/// let key = ToolCallKey::new("task-7", 3, "page_oncall");
+/// let out = gateway.call("agent-a", &key, b"{}", |_| Err(Failure::Transient(b"503".to_vec())))?;
+/// assert_eq!(out, Outcome::Released { error: b"503".to_vec() });
+/// # Ok::<(), idemdb::Error>(())
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[must_use]
 #[non_exhaustive]
 pub enum Outcome {
     /// The tool ran in this call; its result is stored.
     Executed {
-        /// What the tool returned (stored and replayed to every retry).
+        /// What the tool returned (stored and replayed to every retry): `Ok`, or a
+        /// [`Failure::Deterministic`] as `Err`.
         result: ToolResult,
         /// `Some` when this call took over an earlier attempt that was abandoned (it crashed,
-        /// hung up, or reported [`ToolError::Ambiguous`]) and whose lease ran out: the tool ran
-        /// with [`ToolContext::takeover`] set, and the harness may want to log that it
-        /// reconciled.
+        /// hung up, or failed with [`Failure::Ambiguous`]) and whose lease ran out: the tool ran
+        /// with [`Attempt::takeover`] set, and the harness may want to log that it reconciled.
         takeover: Option<Takeover>,
     },
     /// The tool had already run for this key: its stored result, and whether this attempt's
-    /// arguments differ from the first's (a reworded retry).
+    /// arguments differ from the first's (a reworded retry). The tool did not run.
     Replayed {
         /// The stored result.
         result: ToolResult,
         /// The arguments differ from those of the attempt that ran.
         arguments_changed: bool,
     },
-    /// Another attempt of this call is running now (and did not finish within the wait bound).
-    InFlight {
+    /// Another attempt of this call is running now (and did not finish within
+    /// [`GatewayBuilder::wait_for_in_flight`]). Nothing ran.
+    InProgress {
         /// When to try again.
         retry_after: Duration,
     },
-    /// The tool failed for the moment; the key was released, so a later attempt runs it again.
-    Released {
-        /// What the tool said.
-        reason: String,
+    /// [`ArgumentPolicy::Strict`] only: the key was used with other arguments. Nothing ran,
+    /// nothing changed.
+    Mismatch {
+        /// Whether the call with the other arguments completed (`true`) or is in progress.
+        completed: bool,
     },
-    /// [`ArgumentPolicy::Strict`] only: the key was used with other arguments. Nothing ran.
-    ArgumentsChanged,
-    /// The tool reported [`ToolError::Ambiguous`]: the call stays in progress until its lease
-    /// runs out, then the next attempt reconciles.
+    /// The tool failed with [`Failure::Transient`]: the key was released, so a later attempt
+    /// runs it again.
+    Released {
+        /// What the tool returned.
+        error: Vec<u8>,
+    },
+    /// The tool failed with [`Failure::Ambiguous`]: the call stays in progress until its lease
+    /// runs out (or [`Gateway::reap`] resolves it), then the next attempt reconciles.
     Unresolved {
-        /// What the tool said.
-        reason: String,
+        /// What the tool returned.
+        error: Vec<u8>,
     },
 }
 
@@ -132,13 +119,13 @@ pub enum Outcome {
 /// let gateway = Gateway::new(Store::in_memory()?);
 /// let key = ToolCallKey::new("task-7", 2, "create_incident");
 /// let mut incidents = 0;
-/// let first = gateway.call("agent-a", &key, br#"{"title":"DB down"}"#, |_ctx| {
+/// let first = gateway.call("agent-a", &key, br#"{"title":"DB down"}"#, |_attempt| {
 ///     incidents += 1;
 ///     Ok(br#"{"incident":"INC-1"}"#.to_vec())
 /// })?;
 /// assert!(matches!(first, Outcome::Executed { result: Ok(_), takeover: None }));
 /// // The model times out and retries, rewording its arguments: no second incident.
-/// let retry = gateway.call("agent-a", &key, br#"{"title":"Database is down"}"#, |_ctx| {
+/// let retry = gateway.call("agent-a", &key, br#"{"title":"Database is down"}"#, |_attempt| {
 ///     incidents += 1;
 ///     Ok(b"never".to_vec())
 /// })?;
@@ -168,7 +155,7 @@ impl GatewayBuilder {
     }
 
     /// How long a duplicate of an in-flight call waits for the first attempt to finish (and
-    /// then gets its replay) before answering [`Outcome::InFlight`]. Default: zero (answer at
+    /// then gets its replay) before answering [`Outcome::InProgress`]. Default: zero (answer at
     /// once).
     pub fn wait_for_in_flight(mut self, bound: Duration) -> Self {
         self.gateway.wait = bound;
@@ -204,17 +191,22 @@ impl Gateway {
     }
 
     /// Runs `tool` for the call `key` of `tenant` (the agent, user or workspace the call acts
-    /// for; calls of different tenants never share records) unless it already ran.
+    /// for; calls of different tenants never share records) unless it already ran. `args` are
+    /// the call's arguments, as the model sent them: the gateway hashes them to tell a reworded
+    /// retry (see [`ArgumentPolicy`]); the tool itself gets them from its caller (the closure
+    /// captures them), and gets the claim as an [`Attempt`].
     ///
     /// The claim is durable before `tool` runs. On `Ok` the result is stored (durably) and
-    /// replayed to every later call with this key; on [`ToolError::Transient`] the key is
-    /// released; on [`ToolError::Failed`] the failure is stored and replayed.
+    /// replayed to every later call with this key; on [`Failure::Deterministic`] the failure is
+    /// stored and replayed; on [`Failure::Transient`] the key is released; on
+    /// [`Failure::Ambiguous`] the claim is left in progress for a reconciling takeover.
     ///
     /// # Concurrency
     /// Concurrent calls with one key run `tool` once; the others wait up to the configured
-    /// bound for its result, or get [`Outcome::InFlight`]. If `tool` panics, or the process
-    /// dies while it runs, the claim stays in progress until its lease runs out; the next call
-    /// then runs the tool with [`ToolContext::takeover`] set, so it can reconcile first.
+    /// bound for its result, or get [`Outcome::InProgress`]. If `tool` panics, or the process
+    /// dies while it runs, the claim stays in progress until its lease runs out (the panic
+    /// resumes in the caller); the next call then runs the tool with [`Attempt::takeover`]
+    /// set, so it can reconcile first.
     ///
     /// # Errors
     /// The store's errors: [`Error::InvalidScope`] for an empty or over-long tenant,
@@ -224,7 +216,7 @@ impl Gateway {
         tenant: &str,
         key: &ToolCallKey,
         args: &[u8],
-        tool: impl FnOnce(&ToolContext<'_>) -> std::result::Result<Vec<u8>, ToolError>,
+        tool: impl FnOnce(&Attempt) -> std::result::Result<Vec<u8>, Failure<Vec<u8>>>,
     ) -> Result<Outcome> {
         let scope = Scope::new(tenant, ENDPOINT);
         let args_digest: [u8; 32] = Sha256::digest(args).into();
@@ -244,25 +236,19 @@ impl Gateway {
             wait: self.wait,
         };
         let ran = once.run(|attempt| {
-            let ctx = ToolContext {
-                args,
-                fence: attempt.fence(),
-                takeover: attempt.takeover(),
-                attempt,
-            };
-            let (status, body) = match panic::catch_unwind(AssertUnwindSafe(|| tool(&ctx))) {
-                Ok(Ok(result)) => (STATUS_OK, result),
-                Ok(Err(ToolError::Failed(failure))) => (STATUS_FAILED, failure),
-                Ok(Err(ToolError::Transient(reason))) => return Step::Release(reason),
-                Ok(Err(ToolError::Ambiguous(reason))) => return Step::Leave(reason),
+            let result = match panic::catch_unwind(AssertUnwindSafe(|| tool(attempt))) {
+                Ok(Ok(result)) => Ok(result),
+                Ok(Err(Failure::Deterministic(failure))) => Err(failure),
+                Ok(Err(Failure::Transient(error))) => return Step::Release(error),
+                Ok(Err(Failure::Ambiguous(error))) => return Step::Leave(error),
                 // As if the tool's process died: the claim stays in progress (the tool may
                 // have acted), and the panic goes on once it is left so.
                 Err(panic) => {
                     panicked = Some(panic);
-                    return Step::Leave(String::new());
+                    return Step::Leave(Vec::new());
                 }
             };
-            let response = Response::new(status, body).with_header(ARGS_HEADER, hex(&args_digest));
+            let response = response_of(result).with_header(ARGS_HEADER, hex(&args_digest));
             let result = result_of(&response);
             Step::Store(response, result)
         });
@@ -275,10 +261,10 @@ impl Gateway {
                 takeover,
             }),
             Ok(Ran::Replayed(stored)) => Ok(replayed(&stored, &args_digest)),
-            Ok(Ran::InProgress { retry_after }) => Ok(Outcome::InFlight { retry_after }),
-            Ok(Ran::Mismatch { .. }) => Ok(Outcome::ArgumentsChanged),
-            Ok(Ran::Released(reason)) => Ok(Outcome::Released { reason }),
-            Ok(Ran::Unresolved(reason)) => Ok(Outcome::Unresolved { reason }),
+            Ok(Ran::InProgress { retry_after }) => Ok(Outcome::InProgress { retry_after }),
+            Ok(Ran::Mismatch { completed }) => Ok(Outcome::Mismatch { completed }),
+            Ok(Ran::Released(error)) => Ok(Outcome::Released { error }),
+            Ok(Ran::Unresolved(error)) => Ok(Outcome::Unresolved { error }),
             Err(Error::ResponseTooLarge {
                 size,
                 limit,
@@ -302,27 +288,37 @@ impl Gateway {
     /// (see [`Store::reap`]). Call it at startup and then periodically, with a resolver that
     /// looks the side effect up in the tool's own system by the call's key.
     ///
-    /// A call resolved as [`CallResolution::Executed`] replays to every later attempt exactly as
-    /// if the tool had returned that result ([`Outcome::Replayed`] with `Ok`); its first
-    /// arguments are unknown to the reaper, so `arguments_changed` is `false` for it. Claims in
-    /// the same store that are not this gateway's tool calls (an HTTP endpoint's) are left
-    /// alone. Returns how many calls were resolved.
+    /// The resolver gets the store's own [`StaleClaim`]: the call's tenant is
+    /// `claim.scope.tenant()`, its key ([`ToolCallKey::as_str`], what the tool's system knows
+    /// the effect by) is `claim.key`. It decides a [`Resolution`] of a [`ToolResult`]:
+    ///
+    /// | the resolver returns | the call | later attempts get |
+    /// | --- | --- | --- |
+    /// | `Complete(Ok(result))`: the tool ran | completed, `result` stored | `Replayed { result: Ok(result) }` |
+    /// | `Complete(Err(error))`: it failed deterministically | completed, `error` stored | `Replayed { result: Err(error) }` |
+    /// | `Release`: it did not run | released | the tool runs again |
+    /// | `Keep`: not known yet | left in progress | offered again at the next reap |
+    ///
+    /// A resolved call replays to every later attempt exactly as if the tool had returned that
+    /// result; its first arguments are unknown to the reaper, so `arguments_changed` is `false`
+    /// for it. Claims in the same store that are not this gateway's tool calls (an HTTP
+    /// endpoint's) are left alone. Returns how many calls were resolved.
     ///
     /// ```
-    /// use idemdb::agent::{CallResolution, Gateway, Outcome, ToolCallKey, ToolError};
-    /// use idemdb::{ManualClock, Store};
+    /// use idemdb::agent::{Gateway, Outcome, ToolCallKey};
+    /// use idemdb::{Failure, ManualClock, Resolution, Store};
     /// use std::time::Duration;
     /// let clock = ManualClock::new();
     /// let gateway = Gateway::new(Store::builder().clock(clock.clone()).in_memory()?);
     /// let key = ToolCallKey::new("task-7", 2, "create_incident");
     /// // The tool timed out after sending: did it create the incident? Nobody knows yet.
-    /// let out = gateway.call("agent-a", &key, b"{}", |_| Err(ToolError::Ambiguous("timeout".into())))?;
+    /// let out = gateway.call("agent-a", &key, b"{}", |_| Err(Failure::Ambiguous(b"timeout".to_vec())))?;
     /// assert!(matches!(out, Outcome::Unresolved { .. }));
     /// clock.advance(Duration::from_secs(61));
     /// // The reconciler finds INC-9 in the incident system, created under this key.
-    /// let resolved = gateway.reap(|call| {
-    ///     assert_eq!(call.key, key.as_str());
-    ///     CallResolution::Executed(b"INC-9".to_vec())
+    /// let resolved = gateway.reap(|claim| {
+    ///     assert_eq!((claim.scope.tenant(), claim.key.as_str()), ("agent-a", key.as_str()));
+    ///     Resolution::Complete(Ok(b"INC-9".to_vec()))
     /// })?;
     /// assert_eq!(resolved, 1);
     /// let retry = gateway.call("agent-a", &key, b"{}", |_| Ok(b"never".to_vec()))?;
@@ -337,65 +333,33 @@ impl Gateway {
     /// # Errors
     /// As [`Store::reap`]; [`Error::ResponseTooLarge`] for an oversize result (calls resolved
     /// before it stay resolved).
-    pub fn reap(&self, mut resolve: impl FnMut(&StaleCall) -> CallResolution) -> Result<usize> {
-        self.store.reap(|stale| {
-            if stale.scope.endpoint() != ENDPOINT {
+    pub fn reap(
+        &self,
+        mut resolve: impl FnMut(&StaleClaim) -> Resolution<ToolResult>,
+    ) -> Result<usize> {
+        self.store.reap(|claim| {
+            if claim.scope.endpoint() != ENDPOINT {
                 return Resolution::Keep;
             }
-            let call = StaleCall {
-                tenant: stale.scope.tenant().to_owned(),
-                key: stale.key.clone(),
-                fence: stale.fence,
-                claimed_at: stale.claimed_at,
-                orphan: stale.orphan,
-            };
-            match resolve(&call) {
-                CallResolution::Executed(result) => {
-                    Resolution::Complete(Response::new(STATUS_OK, result))
-                }
-                CallResolution::Failed(failure) => {
-                    Resolution::Complete(Response::new(STATUS_FAILED, failure))
-                }
-                CallResolution::NotExecuted => Resolution::Release,
-                CallResolution::Undecided => Resolution::Keep,
+            match resolve(claim) {
+                Resolution::Complete(result) => Resolution::Complete(response_of(result)),
+                Resolution::Release => Resolution::Release,
+                Resolution::Keep => Resolution::Keep,
             }
         })
     }
 }
 
-/// An abandoned tool call, as [`Gateway::reap`] hands it to the resolver.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct StaleCall {
-    /// The tenant the call was made for.
-    pub tenant: String,
-    /// The call's key ([`ToolCallKey::as_str`]): what the tool's system knows the effect by.
-    pub key: String,
-    /// The abandoned attempt's fencing token.
-    pub fence: u64,
-    /// When the abandoned attempt claimed the call.
-    pub claimed_at: SystemTime,
-    /// Left by a previous process (rather than abandoned in this one).
-    pub orphan: bool,
-}
-
-/// What the resolver of [`Gateway::reap`] found for one [`StaleCall`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum CallResolution {
-    /// The side effect happened, with this result: stored, and replayed as `Ok` to every
-    /// later attempt.
-    Executed(Vec<u8>),
-    /// The tool failed deterministically with this: stored, and replayed as `Err`.
-    Failed(Vec<u8>),
-    /// The side effect did not happen: the key is released and the next attempt runs the tool.
-    NotExecuted,
-    /// Not known yet: the call stays in progress and is offered again at the next reap.
-    Undecided,
-}
-
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A tool result as stored, without the arguments' digest (which only a call knows).
+fn response_of(result: ToolResult) -> Response {
+    match result {
+        Ok(body) => Response::new(STATUS_OK, body),
+        Err(failure) => Response::new(STATUS_FAILED, failure),
+    }
 }
 
 fn result_of(stored: &Response) -> ToolResult {

@@ -5,12 +5,13 @@
 //! reworded arguments, and an agent resumed from a checkpoint replays its steps. Keys derived
 //! from (task, step, tool), never from the arguments and never from the model, make all of
 //! those retries land on the same record. See `docs/agents.md`.
+//!
+//! The gateway speaks [`crate::IdempotentFn`]'s vocabulary: a tool gets the claim as an
+//! [`crate::Attempt`], fails with a [`crate::Failure`], and abandoned calls are resolved with
+//! the store's [`crate::StaleClaim`] and [`crate::Resolution`].
 
 mod gateway;
 mod key;
 
-pub use gateway::{
-    ArgumentPolicy, CallResolution, Gateway, GatewayBuilder, Outcome, StaleCall, ToolContext,
-    ToolError, ToolResult,
-};
+pub use gateway::{ArgumentPolicy, Gateway, GatewayBuilder, Outcome, ToolResult};
 pub use key::ToolCallKey;

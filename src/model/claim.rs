@@ -93,13 +93,25 @@ pub struct StaleClaim {
     pub orphan: bool,
 }
 
-/// What a reap resolver decided for one [`StaleClaim`].
+/// What a reap resolver decided for one [`StaleClaim`]. `R` is what a completion stores:
+/// [`crate::Store::reap`] and [`crate::Store::resolve`] take a `Resolution<Response>` (the
+/// default), and the resolver of the agent gateway's [`crate::agent::Gateway::reap`] decides a
+/// `Resolution<ToolResult>` (a [`crate::agent::ToolResult`], stored as the tool's result).
+///
+/// ```
+/// use idemdb::agent::ToolResult;
+/// use idemdb::{Resolution, Response};
+/// let found: Resolution = Resolution::Complete(Response::new(201, "paid"));
+/// let tool_ran: Resolution<ToolResult> = Resolution::Complete(Ok(b"INC-9".to_vec()));
+/// assert_ne!(found, Resolution::Keep);
+/// assert_ne!(tool_ran, Resolution::Release);
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Resolution {
+pub enum Resolution<R = Response> {
     /// The side effect did not happen (or was undone): delete the claim so a retry executes.
     Release,
-    /// The side effect happened: store this response, so retries replay it.
-    Complete(Response),
+    /// The side effect happened: store this, so retries replay it.
+    Complete(R),
     /// Undecided: leave the claim in progress, to be offered again on the next reap.
     Keep,
 }
