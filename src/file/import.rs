@@ -3,9 +3,11 @@
 
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::file::disk::{self, FENCE_KEY, MAX_FENCE, META, RECORDS};
+use crate::file::batch;
 use crate::file::hashing::Hashing;
 use crate::file::heads::HEADS;
+use crate::file::layout;
+use crate::file::layout::{FENCE_KEY, MAX_FENCE, META, RECORDS};
 use crate::file::open;
 use crate::file::record::{Record, RecordState, StoredResponse};
 use crate::file::store::FileStore;
@@ -64,12 +66,12 @@ pub(crate) fn new_file(
 /// Writes every record of `input` in one durable commit; nothing is committed if any line is
 /// refused.
 fn write(db: &redb::Database, input: impl std::io::BufRead) -> Result<u64> {
-    let secret = disk::meta(db)?
+    let secret = layout::meta(db)?
         .secret
         .expect("a new store file has its secret");
     let hashing = Hashing::new(secret);
     let mut txn = db.begin_write()?;
-    disk::quick_repair(&mut txn);
+    batch::quick_repair(&mut txn);
     let digest = KeyDigest::new();
     let mut keys = HashSet::new();
     let (mut highest, mut imported) = (0, 0);
@@ -96,14 +98,14 @@ fn write(db: &redb::Database, input: impl std::io::BufRead) -> Result<u64> {
                     format!("fence {} is in the input twice", m.fence),
                 ));
             }
-            heads.insert(m.fence, disk::head_of(&hashing, m.fence, &value)?)?;
+            heads.insert(m.fence, batch::head_of(&hashing, m.fence, &value)?)?;
             highest = highest.max(m.fence);
             imported += 1;
         }
         txn.open_table(META)?.insert(FENCE_KEY, highest)?;
     }
     txn.commit()?;
-    disk::meta(db)?;
+    layout::meta(db)?;
     Ok(imported)
 }
 

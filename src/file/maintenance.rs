@@ -4,9 +4,10 @@
 use crate::clock::{duration_millis, from_millis};
 use crate::engine::Tally;
 use crate::error::Result;
+use crate::file::batch::{Gone, Op};
 use crate::file::commit::Seq;
-use crate::file::disk::{self, Gone, Op};
 use crate::file::index::{IndexKey, KeyHash, Slot, SlotState};
+use crate::file::read;
 use crate::file::record::{Record, RecordState};
 use crate::file::store::FileStore;
 use crate::model::claim::{Resolution, StaleClaim};
@@ -72,7 +73,7 @@ impl FileStore {
         // before any resolver runs (a resolver may change them).
         let records = match inner
             .pipeline
-            .read(|db| disk::read_many(db, stale.iter().map(|(_, s)| s.fence())))
+            .read(|db| read::read_many(db, stale.iter().map(|(_, s)| s.fence())))
         {
             Ok(records) => records,
             Err(e) => return Tally::failed(e),
@@ -280,7 +281,7 @@ impl FileStore {
             Some(_) => Some(
                 inner
                     .pipeline
-                    .read(|db| disk::read_many(db, due.iter().map(|(_, s)| s.fence())))?,
+                    .read(|db| read::read_many(db, due.iter().map(|(_, s)| s.fence())))?,
             ),
             None => None,
         };

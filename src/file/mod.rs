@@ -4,8 +4,8 @@
 //! argument.
 
 pub(crate) mod asynchronous;
+pub(crate) mod batch;
 pub(crate) mod commit;
-pub(crate) mod disk;
 pub(crate) mod hashing;
 pub(crate) mod heads;
 pub(crate) mod heal;
@@ -13,13 +13,19 @@ pub(crate) mod heal;
 pub(crate) mod import;
 pub(crate) mod index;
 pub(crate) mod journal;
+pub(crate) mod layout;
+pub(crate) mod load;
 pub(crate) mod maintenance;
 pub(crate) mod open;
 pub(crate) mod platform;
+pub(crate) mod read;
 pub(crate) mod record;
 pub(crate) mod scan;
 pub(crate) mod store;
 pub(crate) mod tenants;
+#[cfg(test)]
+mod tests;
+pub(crate) mod upgrade;
 pub(crate) mod watch;
 
 pub(crate) use store::FileStore;

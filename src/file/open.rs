@@ -4,12 +4,15 @@
 
 use crate::config::{Config, PageCheck};
 use crate::error::{Damaged, Error, Result};
-use crate::file::disk;
+use crate::file::batch;
 use crate::file::hashing::{Hashing, SipKey};
 use crate::file::index::Index;
 use crate::file::journal::{self, Journal};
+use crate::file::layout;
+use crate::file::load;
 use crate::file::platform;
 use crate::file::store::FileStore;
+use crate::file::upgrade;
 use std::path::Path;
 
 /// redb's page cache while a store opens: the scan reads every page once, and filling a large
@@ -66,7 +69,7 @@ pub(crate) fn in_memory(config: Config) -> Result<FileStore> {
                 .set_cache_size(config.cache_bytes)
                 .create_with_backend(redb::backends::InMemoryBackend::new())?,
         );
-        disk::create(&db)?;
+        layout::create(&db)?;
         start(config, db, 0, None, None)
     })
 }
@@ -88,7 +91,7 @@ pub(crate) fn simulated(
         let file_bytes = disk.image().len() as u64;
         let db = Guarded::new(open(SCAN_CACHE_BYTES, verify(&config) && file_bytes > 0)?);
         if file_bytes == 0 {
-            disk::create(&db)?;
+            layout::create(&db)?;
         }
         let journal = disk.journal_backend();
         let source = JournalSource {
@@ -157,9 +160,9 @@ fn start(
     reopen: Option<&dyn Fn(usize, bool) -> Result<redb::Database>>,
     journal: Option<JournalSource>,
 ) -> Result<FileStore> {
-    let meta = disk::meta(&db)?;
-    if meta.format == disk::EXPIRY_FORMAT {
-        disk::drop_expiry_table(&db)?;
+    let meta = layout::meta(&db)?;
+    if meta.format == layout::EXPIRY_FORMAT {
+        upgrade::drop_expiry_table(&db)?;
     }
     let secret = match meta.secret {
         Some(secret) => secret,
@@ -167,11 +170,11 @@ fn start(
             // Format 2 had no heads: they are written from the records, once, before the
             // journal's replay adds the heads of what it holds.
             let secret = SipKey::random();
-            disk::rebuild_heads(&db, secret)?;
+            upgrade::rebuild_heads(&db, secret)?;
             secret
         }
     };
-    let mut file = disk::FileState {
+    let mut file = batch::FileState {
         reserved: meta.fence_reserved,
         hashing: Hashing::new(secret),
     };
@@ -226,8 +229,8 @@ fn journal_missing(epoch: u64) -> Error {
 fn recover_journal(
     db: &redb::Database,
     source: JournalSource,
-    meta: &disk::Meta,
-    state: &mut disk::FileState,
+    meta: &layout::Meta,
+    state: &mut batch::FileState,
 ) -> Result<(Journal, usize)> {
     let epoch = meta.journal_epoch;
     if (epoch > 0 || meta.journal_bytes > 0) && !source.existed {
@@ -242,7 +245,7 @@ fn recover_journal(
     };
     let (mut journal, ops) = Journal::recover(file, binding, source.capacity)?;
     // The records' bytes are counted by the scan that follows.
-    journal.checkpoint(db, &ops, state)?;
+    crate::file::commit::checkpoint(&mut journal, db, &ops, state)?;
     Ok((journal, ops.len()))
 }
 
@@ -252,14 +255,14 @@ fn recover_journal(
 fn load_index(
     config: &Config,
     db: &redb::Database,
-    mut file: disk::FileState,
+    mut file: batch::FileState,
     file_bytes: u64,
-) -> Result<(Index, disk::Loaded)> {
+) -> Result<(Index, load::Loaded)> {
     let mut rebuilds = 0;
     loop {
         let index = Index::new(config.stripes, config.max_live_per_tenant, file.hashing);
-        let secret = match disk::load(db, &index, file.reserved, file_bytes)? {
-            disk::Scan::Loaded(loaded) => return Ok((index, loaded)),
+        let secret = match load::load(db, &index, file.reserved, file_bytes)? {
+            load::Scan::Loaded(loaded) => return Ok((index, loaded)),
             _ if rebuilds == MAX_REBUILDS => {
                 return Err(Error::Corrupted {
                     damaged: Damaged::Index,
@@ -270,14 +273,14 @@ fn load_index(
                     ),
                 })
             }
-            disk::Scan::Collision => SipKey::random(),
-            disk::Scan::HeadsDamaged(reason) => {
+            load::Scan::Collision => SipKey::random(),
+            load::Scan::HeadsDamaged(reason) => {
                 config.observer.heads_rebuilt(&reason);
                 file.hashing.secret()
             }
         };
         drop(index);
-        disk::rebuild_heads(db, secret)?;
+        upgrade::rebuild_heads(db, secret)?;
         file.hashing = Hashing::new(secret);
         rebuilds += 1;
     }
@@ -334,7 +337,7 @@ pub(crate) fn create_atomically(
     let tmp = path.with_file_name(name);
     let made = (|| {
         let db = redb::Builder::new().create(&tmp)?;
-        disk::create(&db)?;
+        layout::create(&db)?;
         fill(&db)
     })();
     let linked = made.map(|()| std::fs::hard_link(&tmp, path));

@@ -2,8 +2,8 @@
 
 use crate::clock::to_millis;
 use crate::error::Result;
-use crate::file::disk;
 use crate::file::index::{KeyHash, Slot, SlotState};
+use crate::file::read;
 use crate::file::record::RecordState;
 use crate::file::store::FileStore;
 use crate::model::listing::{Query, RecordStatus};
@@ -54,7 +54,7 @@ impl FileStore {
         for chunk in wanted.chunks(CHUNK) {
             let records = inner
                 .pipeline
-                .read(|db| disk::read_many(db, chunk.iter().map(|(_, s)| s.fence())))?;
+                .read(|db| read::read_many(db, chunk.iter().map(|(_, s)| s.fence())))?;
             for ((hash, slot), read) in chunk.iter().zip(records) {
                 let Some((key, record)) = read else {
                     continue; // deleted since the index was read

@@ -6,10 +6,12 @@
 use crate::clock::{duration_millis, from_millis, to_millis};
 use crate::config::{Config, StalePolicy};
 use crate::error::{Damaged, Error, Result};
+use crate::file::batch::{Gone, Op};
 use crate::file::commit::{Pipeline, Seq};
-use crate::file::disk::{self, Gone, Op};
 use crate::file::index::{Index, IndexKey, KeyHash, Slot, SlotState, Tag};
 use crate::file::journal::Journal;
+use crate::file::load;
+use crate::file::read;
 use crate::file::record::RecordState as Stored;
 use crate::file::record::{Record, RecordState};
 use crate::file::watch::Watchers;
@@ -94,7 +96,7 @@ impl FileStore {
         config: Config,
         index: Index,
         db: redb::Database,
-        loaded: &disk::Loaded,
+        loaded: &load::Loaded,
         journal: Option<Journal>,
     ) -> FileStore {
         let watchers = Arc::new(Watchers::default());
@@ -393,7 +395,7 @@ impl FileStore {
         };
         let mut flushed = false;
         loop {
-            let disagreement = match inner.pipeline.read(|db| disk::read_at(db, fence))? {
+            let disagreement = match inner.pipeline.read(|db| read::read_at(db, fence))? {
                 Some((stored, _)) if stored != key.bytes => {
                     return Err(damaged(format!(
                         "the index points this key at fence {fence}, whose record is {}'s",

@@ -4,11 +4,13 @@
 //! and no file-system metadata. redb then applies the batch without syncing
 //! (`Durability::None`), and readers see it at once.
 //!
-//! A **checkpoint** is a durable redb commit (`fdatasync` of the redb file) that also raises the
-//! journal **epoch** stored in the redb file's `meta` table; then the journal's header is
-//! rewritten to name the new epoch (and synced), and entries are written again from the start
-//! of the entry area. A batch that does not fit in what is left of the journal is committed
-//! that way, directly into redb, and acknowledged only once the header names the new epoch.
+//! A **checkpoint** (`crate::file::commit::checkpoint`, which owns both files) is a durable
+//! redb commit (`fdatasync` of the redb file) that also raises the journal **epoch** stored in
+//! the redb file's `meta` table; then the journal's header is rewritten to name the new epoch
+//! ([`Journal::restart`], synced), and entries are written again from the start of the entry
+//! area. A batch that does not fit in what is left of the journal is committed that way,
+//! directly into redb, and acknowledged only once the header names the new epoch. The journal
+//! itself never touches the redb file.
 //!
 //! # Binding a journal to its store
 //! The journal belongs to one store and to one life of it. Its header (two slots, written in
@@ -41,7 +43,7 @@
 pub(crate) mod file;
 
 use crate::error::{Damaged, Error, Result};
-use crate::file::disk::{write_batch, Commit, FileState, Gone, Op};
+use crate::file::batch::{Gone, Op};
 use redb::StorageBackend;
 
 const ENTRY_MAGIC: [u8; 4] = *b"IDJ2";
@@ -478,32 +480,16 @@ impl Journal {
         Ok(())
     }
 
-    /// A checkpoint: commits `ops` durably into the store file with the next epoch (and the
-    /// journal's length), writes and syncs the header naming that epoch, then records the
-    /// header write in a second durable commit. When it returns, every entry written so far is
-    /// dead (the store file holds it) and `ops` are durable. A store file rolled back past this
-    /// checkpoint, or an old copy of the journal put beside it, is refused at the next open.
-    ///
-    /// Returns by how much `ops` changed the records' bytes.
-    ///
-    /// # Errors
-    /// The commits' and the header write's errors; `ops` may or may not be durable then.
-    pub(crate) fn checkpoint(
-        &mut self,
-        db: &redb::Database,
-        ops: &[Op],
-        file: &mut FileState,
-    ) -> Result<i64> {
-        let epoch = self.epoch + 1;
-        let commit = Commit::Checkpoint {
-            epoch,
-            journal_bytes: self.made,
-        };
-        let bytes = write_batch(db, ops, file, commit)?;
-        self.restart(epoch)?;
-        write_batch(db, &[], file, Commit::HeaderWritten { epoch })?;
+    /// The epoch the next checkpoint gives the store file, and the journal's length it
+    /// records there (see `crate::file::commit::checkpoint`).
+    pub(crate) fn next_epoch(&self) -> (u64, u64) {
+        (self.epoch + 1, self.made)
+    }
+
+    /// The store file recorded the header write of [`Journal::restart`]: the next header write
+    /// must leave that slot intact.
+    pub(crate) fn header_recorded(&mut self) {
         self.recorded_slot = self.written_slot;
-        Ok(bytes)
     }
 
     /// Bytes written into the current epoch.

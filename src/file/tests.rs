@@ -300,7 +300,7 @@ fn a_checkpoint_waits_until_every_earlier_batch_is_applied() {
 /// builds, and in release a counter that wraps and reissues fences. It is now `Corrupted`.
 #[test]
 fn a_fence_near_u64_max_is_corruption_not_an_overflow() {
-    for fence in [u64::MAX, crate::file::disk::MAX_FENCE + 1] {
+    for fence in [u64::MAX, crate::file::layout::MAX_FENCE + 1] {
         let disk = SimDisk::new();
         drop(open(&disk));
         {
@@ -308,9 +308,9 @@ fn a_fence_near_u64_max_is_corruption_not_an_overflow() {
                 .create_with_backend(disk.backend())
                 .unwrap();
             let txn = db.begin_write().unwrap();
-            txn.open_table(crate::file::disk::META)
+            txn.open_table(crate::file::layout::META)
                 .unwrap()
-                .insert(crate::file::disk::FENCE_KEY, fence)
+                .insert(crate::file::layout::FENCE_KEY, fence)
                 .unwrap();
             txn.commit().unwrap();
         }
@@ -510,7 +510,7 @@ fn the_replay_cache_never_serves_a_replaced_record_or_another_request() {
 /// meets the second one.
 #[test]
 fn two_records_for_one_key_refuse_the_open() {
-    use crate::file::disk::RECORDS;
+    use crate::file::layout::RECORDS;
     use crate::file::record::Record;
     use redb::ReadableTable;
     let disk = SimDisk::new();
@@ -596,16 +596,16 @@ fn edit_file(disk: &SimDisk, edit: impl FnOnce(&redb::WriteTransaction)) {
     txn.commit().unwrap();
 }
 
-fn file_meta(disk: &SimDisk) -> crate::file::disk::Meta {
+fn file_meta(disk: &SimDisk) -> crate::file::layout::Meta {
     let db = redb::Builder::new()
         .create_with_backend(disk.backend())
         .unwrap();
-    crate::file::disk::meta(&db).unwrap()
+    crate::file::layout::meta(&db).unwrap()
 }
 
 fn heads_in_file(disk: &SimDisk) -> (u64, u64) {
-    use crate::file::disk::RECORDS;
     use crate::file::heads::HEADS;
+    use crate::file::layout::RECORDS;
     use redb::{ReadableDatabase, ReadableTableMetadata};
     let db = redb::Builder::new()
         .create_with_backend(disk.backend())
@@ -621,8 +621,8 @@ fn heads_in_file(disk: &SimDisk) -> (u64, u64) {
 /// key as before; the upgrade survives a power loss.
 #[test]
 fn a_format_2_file_is_upgraded_at_its_first_open_and_answers_as_before() {
-    use crate::file::disk::{FORMAT_KEY, META, SECRET_KEYS, STORE_FORMAT};
     use crate::file::heads::HEADS;
+    use crate::file::layout::{FORMAT_KEY, META, SECRET_KEYS, STORE_FORMAT};
     let disk = SimDisk::new();
     store_with_heads(&disk, 40);
     edit_file(&disk, |txn| {
@@ -683,7 +683,7 @@ fn ten_paid_and_one_held(store: Store) {
 /// the open built the index without an error and every stored key was then claimed afresh.
 #[test]
 fn a_damaged_hash_secret_rebuilds_the_heads_instead_of_forgetting_every_key() {
-    use crate::file::disk::{META, SECRET_KEYS};
+    use crate::file::layout::{META, SECRET_KEYS};
     use redb::ReadableTable;
     let disk = SimDisk::new();
     let open = || StoreBuilder::default().open_simulated(&disk).unwrap();
@@ -714,7 +714,7 @@ fn a_damaged_hash_secret_rebuilds_the_heads_instead_of_forgetting_every_key() {
 /// nothing maintains; without the index scan nothing would ever be purged.)
 #[test]
 fn a_format_3_file_drops_its_expiry_table_at_its_first_open_and_still_purges() {
-    use crate::file::disk::{FORMAT_KEY, META, STORE_FORMAT};
+    use crate::file::layout::{FORMAT_KEY, META, STORE_FORMAT};
     use crate::ManualClock;
     use std::time::Duration;
     let disk = SimDisk::new();
@@ -818,7 +818,7 @@ fn damaged_or_missing_heads_are_rebuilt_from_the_records() {
 /// by the `open_file` fuzzer: `journal_epoch` = 2^64 - 1 overflowed the checkpoint's epoch + 1.)
 #[test]
 fn a_journal_epoch_beyond_any_store_is_refused_not_overflowed() {
-    use crate::file::disk::{JOURNAL_EPOCH_KEY, META};
+    use crate::file::layout::{JOURNAL_EPOCH_KEY, META};
     for epoch in [u64::MAX, (1 << 62) + 1] {
         let disk = SimDisk::new();
         store_with_heads(&disk, 2);
@@ -892,7 +892,7 @@ fn an_open_after_a_crash_loads_the_allocator_state_and_does_not_repair() {
 /// `claim`, answering from the head, called that fingerprint a mismatch.)
 #[test]
 fn a_record_that_disagrees_with_its_head_is_an_error_not_an_answer_or_a_spin() {
-    use crate::file::disk::RECORDS;
+    use crate::file::layout::RECORDS;
     use crate::file::record::{Record, RecordState};
     use redb::ReadableTable;
     type Lie = fn(&mut Record);
@@ -962,7 +962,7 @@ fn a_record_that_disagrees_with_its_head_is_an_error_not_an_answer_or_a_spin() {
 /// open still succeeds, and each damaged record is a typed error when a request needs it.
 #[test]
 fn an_open_reads_no_record_and_a_damaged_one_is_an_error_when_read() {
-    use crate::file::disk::RECORDS;
+    use crate::file::layout::RECORDS;
     let disk = SimDisk::new();
     store_with_heads(&disk, 5);
     edit_file(&disk, |txn| {

@@ -1,0 +1,196 @@
+//! The redb file's layout: its tables, the store format, the `meta` table's keys and values,
+//! and a new file's first commit. `docs/format.md` documents every byte. Records are keyed by
+//! fence, which only grows, so a batch of new claims lands at the right edge of the B-tree
+//! and dirties a few leaf pages however many claims it holds.
+
+use crate::error::{Damaged, Error, Result};
+use crate::file::batch::quick_repair;
+use crate::file::hashing::SipKey;
+use crate::file::heads::HEADS;
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+
+/// fence -> encoded [`Record`] (which carries its scoped key).
+pub(crate) const RECORDS: TableDefinition<u64, &[u8]> = TableDefinition::new("records");
+
+/// `expires_at << 64 | fence` -> scoped key, one entry per completed record: the purge's list up
+/// to store format 3. A purge now finds expired records in the index (whose slots hold every
+/// expiry), so a completion writes two entries instead of three; the upgrade to format 4 drops
+/// the table ([`drop_expiry_table`]).
+pub(super) const EXPIRY: TableDefinition<u128, &[u8]> = TableDefinition::new("expiry");
+
+/// Store-wide values: [`FORMAT_KEY`], [`STORE_ID_KEY`], [`FENCE_KEY`], [`JOURNAL_EPOCH_KEY`]
+/// and [`JOURNAL_BYTES_KEY`]. Every one is written when the store is created, and an open that
+/// finds one missing refuses the file: a default could silently skip a journal.
+pub(crate) const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+
+/// The store format this build writes. Format 2 added the store id and the journal's made size,
+/// and the journal's header and entry layout; format 3 the `heads` table and the hash secret;
+/// format 4 dropped the `expiry` table. A file of format 2 or 3 is upgraded at its first open
+/// ([`rebuild_heads`], [`drop_expiry_table`]); any other is refused, and an older build refuses
+/// a file of format 4 (it would never purge its records: they have no expiry entries).
+pub(crate) const STORE_FORMAT: u64 = 4;
+
+/// The format with heads and an `expiry` table, upgraded by [`drop_expiry_table`].
+pub(crate) const EXPIRY_FORMAT: u64 = 3;
+
+/// The format without heads, upgraded by [`rebuild_heads`].
+pub(super) const HEADLESS_FORMAT: u64 = 2;
+
+pub(crate) const FORMAT_KEY: &str = "format_version";
+
+/// The two halves of the store's hash secret (`hashing.rs`), from which every hash the `heads`
+/// table holds is keyed.
+pub(crate) const SECRET_KEYS: [&str; 2] = ["hash_secret_k0", "hash_secret_k1"];
+
+/// The store's random id, which its journal carries.
+pub(crate) const STORE_ID_KEY: &str = "store_id";
+
+/// The fence reservation: no committed record carries a fence above it, and fences issued
+/// after a reopen start above it.
+pub(crate) const FENCE_KEY: &str = "fence_reserved";
+
+/// The journal epoch whose entries are not yet checkpointed into this file (see
+/// `journal/mod.rs`); 0 until the store first uses a journal.
+pub(crate) const JOURNAL_EPOCH_KEY: &str = "journal_epoch";
+
+/// How long the journal file was made; 0 until it is. A shorter journal is refused.
+pub(crate) const JOURNAL_BYTES_KEY: &str = "journal_bytes";
+
+/// The last epoch whose journal header write is recorded: `journal_epoch`, or less after a crash
+/// between a checkpoint's commit and the commit that records its header write. A journal whose
+/// header names an older epoch than this is an old copy, not a crash.
+pub(crate) const JOURNAL_HEADER_KEY: &str = "journal_header_epoch";
+
+/// The highest fence a store file may hold: far beyond any real use (2^61 claims at a million a
+/// second take 73,000 years), far enough from `u64::MAX` that the counter never wraps, and
+/// below 2^62, so the index packs its state bits above the fence.
+pub(crate) const MAX_FENCE: u64 = 1 << 61;
+
+/// No record takes fewer bytes of the store file than this (its encoded head and scoped key
+/// alone are longer), which bounds how many records a file of a given size can hold.
+pub(super) const MIN_RECORD_FILE_BYTES: u64 = 32;
+
+/// Fences are reserved on disk in blocks of this many, so most batches need not touch `meta`.
+/// Unit tests use a tiny block so that they cross block boundaries.
+pub(crate) const FENCE_BLOCK: u64 = if cfg!(test) { 4 } else { 1 << 16 };
+
+/// What the store file's `meta` table holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Meta {
+    /// [`STORE_FORMAT`], or an older format the open upgrades.
+    pub(crate) format: u64,
+    /// The hash secret; `None` in a file of format 2, which has no heads yet.
+    pub(crate) secret: Option<SipKey>,
+    pub(crate) store_id: u64,
+    pub(crate) fence_reserved: u64,
+    pub(crate) journal_epoch: u64,
+    pub(crate) journal_bytes: u64,
+    pub(crate) journal_header: u64,
+}
+
+/// Reads `meta`, refusing a file that lacks any value (or has another format).
+///
+/// # Errors
+/// [`Error::UnsupportedFormat`] for another format version; [`Error::Corrupted`] naming the
+/// meta table when a value is missing.
+pub(crate) fn meta(db: &Database) -> Result<Meta> {
+    let txn = db.begin_read()?;
+    let meta = match txn.open_table(META) {
+        Err(redb::TableError::TableDoesNotExist(_)) => return Err(missing(FORMAT_KEY)),
+        other => other?,
+    };
+    let get = |key| -> Result<u64> {
+        meta.get(key)?
+            .map(|v| v.value())
+            .ok_or_else(|| missing(key))
+    };
+    let format = get(FORMAT_KEY)?;
+    let secret = match format {
+        STORE_FORMAT | EXPIRY_FORMAT => Some(SipKey {
+            k0: get(SECRET_KEYS[0])?,
+            k1: get(SECRET_KEYS[1])?,
+        }),
+        HEADLESS_FORMAT => None,
+        found => {
+            return Err(Error::UnsupportedFormat {
+                found,
+                supported: STORE_FORMAT,
+            })
+        }
+    };
+    let meta = Meta {
+        format,
+        secret,
+        store_id: get(STORE_ID_KEY)?,
+        fence_reserved: get(FENCE_KEY)?,
+        journal_epoch: get(JOURNAL_EPOCH_KEY)?,
+        journal_bytes: get(JOURNAL_BYTES_KEY)?,
+        journal_header: get(JOURNAL_HEADER_KEY)?,
+    };
+    if meta.journal_epoch > MAX_EPOCH {
+        return Err(Error::Corrupted {
+            damaged: Damaged::Meta,
+            reason: format!(
+                "the journal epoch {} is beyond any store's (one a checkpoint; at most {MAX_EPOCH})",
+                meta.journal_epoch
+            ),
+        });
+    }
+    if meta.journal_header > meta.journal_epoch {
+        return Err(Error::Corrupted {
+            damaged: Damaged::Meta,
+            reason: format!(
+                "the journal header epoch {} is ahead of the journal epoch {}",
+                meta.journal_header, meta.journal_epoch
+            ),
+        });
+    }
+    Ok(meta)
+}
+
+/// The highest journal epoch a file may name: each checkpoint raises it by one, so no store
+/// reaches it (2^62 checkpoints), and the epoch arithmetic never overflows.
+pub(super) const MAX_EPOCH: u64 = 1 << 62;
+
+pub(super) fn missing(key: &str) -> Error {
+    Error::Corrupted {
+        damaged: Damaged::Meta,
+        reason: format!(
+            "`{key}` is missing: the file is not an idemdb store, or its meta table is damaged"
+        ),
+    }
+}
+
+/// Initialises a new store in an empty redb file: its tables, and every `meta` value, with a
+/// fresh random store id. Durable when it returns.
+pub(crate) fn create(db: &Database) -> Result<()> {
+    let mut txn = db.begin_write()?;
+    quick_repair(&mut txn);
+    {
+        let mut meta = txn.open_table(META)?;
+        if meta.get(FORMAT_KEY)?.is_some() {
+            return Err(Error::Corrupted {
+                damaged: Damaged::Meta,
+                reason: "a store being created already holds one".into(),
+            });
+        }
+        meta.insert(FORMAT_KEY, STORE_FORMAT)?;
+        let secret = SipKey::random();
+        meta.insert(SECRET_KEYS[0], secret.k0)?;
+        meta.insert(SECRET_KEYS[1], secret.k1)?;
+        meta.insert(STORE_ID_KEY, random_store_id())?;
+        meta.insert(FENCE_KEY, 0)?;
+        meta.insert(JOURNAL_EPOCH_KEY, 0)?;
+        meta.insert(JOURNAL_BYTES_KEY, 0)?;
+        meta.insert(JOURNAL_HEADER_KEY, 0)?;
+        txn.open_table(RECORDS)?;
+        txn.open_table(HEADS)?;
+    }
+    txn.commit()?;
+    Ok(())
+}
+
+/// A random 64-bit id, never 0.
+pub(super) fn random_store_id() -> u64 {
+    SipKey::random().k0.max(1)
+}
