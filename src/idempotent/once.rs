@@ -31,10 +31,10 @@ use crate::model::scope::Scope;
 use crate::model::ticket::Ticket;
 use crate::store::Store;
 use crate::timer::far_future;
+use futures_util::FutureExt as _;
 use std::future::Future;
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::Arc;
-use std::task::Poll;
 use std::time::{Duration, Instant};
 
 /// What the closure's outcome does to the claim. `Y` is handed back on success, `X` with a
@@ -170,7 +170,9 @@ impl Once<'_> {
         // From here until the step is settled, dropping this future drops `held`, and with it
         // the ticket unspent: the claim becomes an orphan, as after a crash.
         let (attempt, held) = Attempt::new(self.store, ticket);
-        let step = catch_unwind(async move { body(attempt).await }).await;
+        let step = AssertUnwindSafe(async move { body(attempt).await })
+            .catch_unwind()
+            .await;
         let mut held = held;
         let ticket = loop {
             match Arc::try_unwrap(held) {
@@ -206,17 +208,4 @@ impl Once<'_> {
 fn unresolved<X>(ticket: Ticket, x: X) -> X {
     drop(ticket);
     x
-}
-
-/// Polls `future`, turning a panic in it into `Err` with the panic's payload.
-async fn catch_unwind<F: Future>(future: F) -> std::thread::Result<F::Output> {
-    let mut future = std::pin::pin!(future);
-    std::future::poll_fn(|cx| {
-        match panic::catch_unwind(AssertUnwindSafe(|| future.as_mut().poll(cx))) {
-            Ok(Poll::Ready(out)) => Poll::Ready(Ok(out)),
-            Ok(Poll::Pending) => Poll::Pending,
-            Err(panic) => Poll::Ready(Err(panic)),
-        }
-    })
-    .await
 }
