@@ -1,21 +1,30 @@
 //! Idempotent functions: run a closure at most once per key, store what it returned, and hand
-//! the stored result back to every later call with the key. The claim, the wait for an
-//! in-flight duplicate and the settling of an outcome live here once; the agent gateway runs
-//! on them too.
+//! the stored result back to every later call with the key. This is the public API; the claim,
+//! the wait for an in-flight duplicate and the settling of an outcome live once, in `once`,
+//! and the agent gateway runs on them too.
 
-use crate::error::{Error, Result};
-use crate::model::claim::{Claim, Takeover};
+mod attempt;
+mod codec;
+mod once;
+
+pub use attempt::Attempt;
+pub(crate) use once::{Once, Ran, Step};
+
+#[cfg(feature = "serde")]
+use codec::Json;
+use codec::{Codec, Raw};
+
+use crate::error::Result;
+use crate::model::claim::Takeover;
 use crate::model::fingerprint::Fingerprint;
 use crate::model::response::Response;
 use crate::model::scope::Scope;
-use crate::model::ticket::Ticket;
 use crate::store::Store;
-use crate::timer::far_future;
 use std::future::Future;
-use std::panic::{self, AssertUnwindSafe};
-use std::sync::{Arc, Weak};
-use std::task::Poll;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+#[cfg(doc)]
+use crate::error::Error;
 
 /// The status of a stored success.
 pub(crate) const STATUS_OK: u16 = 200;
@@ -124,136 +133,6 @@ impl<T, E> CallOutcome<T, E> {
             CallOutcome::Executed { result, .. } | CallOutcome::Replayed { result } => Some(result),
             _ => None,
         }
-    }
-}
-
-/// What the closure of an [`IdempotentFn`] (or a tool run by [`crate::agent::Gateway::call`])
-/// sees of its claim: the fence to pass downstream, whether it took over an abandoned attempt,
-/// and a way to renew its lease.
-///
-/// ```
-/// use idemdb::{Failure, IdempotentFn, Scope, Store};
-/// use std::time::Duration;
-/// let f = IdempotentFn::new(Store::in_memory()?, Scope::new("acme", "export"));
-/// f.call("k", b"", |attempt| {
-///     assert!(attempt.takeover().is_none()); // nothing abandoned to reconcile
-///     // A slow job keeps its claim; if it cannot, it stops before acting.
-///     let renewed = attempt.extend_lease(Duration::from_secs(300));
-///     renewed.map_err(|e| Failure::Transient(e.to_string().into_bytes()))?;
-///     Ok(attempt.fence().to_string().into_bytes())
-/// })?;
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
-#[derive(Debug)]
-pub struct Attempt {
-    store: Store,
-    /// The claim's ticket, owned by the call: once the closure returned, the call settles it,
-    /// and renewals through this handle fail with `LeaseLost`.
-    ticket: Weak<Ticket>,
-    fence: u64,
-    takeover: Option<Takeover>,
-}
-
-impl Attempt {
-    fn new(store: &Store, ticket: Ticket) -> (Attempt, Arc<Ticket>) {
-        let held = Arc::new(ticket);
-        let attempt = Attempt {
-            store: store.clone(),
-            ticket: Arc::downgrade(&held),
-            fence: held.fence(),
-            takeover: held.takeover().cloned(),
-        };
-        (attempt, held)
-    }
-
-    /// The claim's fencing token: larger than that of every earlier attempt with this key.
-    /// Pass it downstream if the downstream can refuse stale writers (a conditional update that
-    /// compares it), so an abandoned attempt's late write is refused there too.
-    ///
-    /// ```
-    /// # use idemdb::{IdempotentFn, Scope, Store, Failure};
-    /// # let f = IdempotentFn::new(Store::in_memory()?, Scope::new("acme", "f"));
-    /// f.call("k", b"", |attempt| { assert!(attempt.fence() > 0); Ok(vec![]) })?;
-    /// # Ok::<(), idemdb::Error>(())
-    /// ```
-    pub fn fence(&self) -> u64 {
-        self.fence
-    }
-
-    /// `Some` when this attempt took over an earlier one that was abandoned (its process died,
-    /// its future was dropped, it failed with [`Failure::Ambiguous`]) and whose lease ran out:
-    /// the side effect may already have happened, so look it up downstream (by the key) before
-    /// performing it again.
-    ///
-    /// ```
-    /// # use idemdb::{IdempotentFn, Scope, Store, Failure};
-    /// # let f = IdempotentFn::new(Store::in_memory()?, Scope::new("acme", "f"));
-    /// f.call("k", b"", |attempt| {
-    ///     if let Some(abandoned) = attempt.takeover() {
-    ///         // e.g. ask the payment provider for a charge tagged with this key
-    ///         let _ = abandoned.previous_fence;
-    ///     }
-    ///     Ok(vec![])
-    /// })?;
-    /// # Ok::<(), idemdb::Error>(())
-    /// ```
-    pub fn takeover(&self) -> Option<&Takeover> {
-        self.takeover.as_ref()
-    }
-
-    /// Renews the claim's lease to run until `by` from now, durably, so that a slow closure is
-    /// not taken over by a duplicate. Call it periodically from a closure that may outlast the
-    /// store's lease ([`Store::lease_duration`]).
-    ///
-    /// ```
-    /// # use idemdb::{IdempotentFn, Scope, Store, Failure};
-    /// # use std::time::Duration;
-    /// # let f = IdempotentFn::new(Store::in_memory()?, Scope::new("acme", "f"));
-    /// f.call("k", b"", |attempt| {
-    ///     attempt.extend_lease(Duration::from_secs(120)).map_err(|e| Failure::Transient(e.to_string().into_bytes()))?;
-    ///     Ok(vec![])
-    /// })?;
-    /// # Ok::<(), idemdb::Error>(())
-    /// ```
-    ///
-    /// # Concurrency
-    /// While the lease is renewed, duplicates of the call keep waiting or getting
-    /// [`CallOutcome::InProgress`]; none takes the key over. Renewals may come from any thread
-    /// the closure hands the attempt to.
-    ///
-    /// # Errors
-    /// [`Error::LeaseLost`] if the claim was taken over or reaped (stop: another attempt owns
-    /// the side effect now), or if the closure already returned; the store's write errors.
-    pub fn extend_lease(&self, by: Duration) -> Result<()> {
-        self.store.extend(&*self.held()?, by)
-    }
-
-    /// [`Attempt::extend_lease`] without blocking the thread.
-    ///
-    /// ```
-    /// # use idemdb::{IdempotentFn, Scope, Store, Failure};
-    /// # use std::time::Duration;
-    /// # tokio::runtime::Builder::new_current_thread().build()?.block_on(async {
-    /// let f = IdempotentFn::new(Store::in_memory()?, Scope::new("acme", "f"));
-    /// f.call_async("k", b"", |attempt| async move {
-    ///     attempt.extend_lease_async(Duration::from_secs(120)).await.map_err(|e| Failure::Transient(e.to_string().into_bytes()))?;
-    ///     Ok(vec![])
-    /// }).await?;
-    /// # Ok::<(), idemdb::Error>(()) })?;
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    ///
-    /// # Errors
-    /// As [`Attempt::extend_lease`].
-    pub async fn extend_lease_async(&self, by: Duration) -> Result<()> {
-        let held = self.held()?;
-        self.store.extend_async(&held, by).await
-    }
-
-    fn held(&self) -> Result<Arc<Ticket>> {
-        self.ticket
-            .upgrade()
-            .ok_or(Error::LeaseLost { fence: self.fence })
     }
 }
 
@@ -615,239 +494,6 @@ impl IdempotentFn {
             .await?;
         outcome::<C, T, E>(ran)
     }
-}
-
-/// How results are stored: as the bytes the closure returned ([`IdempotentFn::call`]), or as
-/// JSON ([`IdempotentFn::call_json`]).
-trait Codec<V> {
-    fn encode(value: &V) -> Result<Vec<u8>>;
-    fn decode(bytes: Vec<u8>) -> Result<V>;
-}
-
-struct Raw;
-
-impl Codec<Vec<u8>> for Raw {
-    fn encode(value: &Vec<u8>) -> Result<Vec<u8>> {
-        Ok(value.clone())
-    }
-
-    fn decode(bytes: Vec<u8>) -> Result<Vec<u8>> {
-        Ok(bytes)
-    }
-}
-
-#[cfg(feature = "serde")]
-struct Json;
-
-#[cfg(feature = "serde")]
-impl Json {
-    fn fingerprint(input: &impl serde::Serialize) -> Result<Fingerprint> {
-        let bytes = serde_json::to_vec(input).map_err(|e| encoding("input", e))?;
-        Ok(Fingerprint::of(&bytes))
-    }
-}
-
-#[cfg(feature = "serde")]
-impl<V: serde::Serialize + serde::de::DeserializeOwned> Codec<V> for Json {
-    fn encode(value: &V) -> Result<Vec<u8>> {
-        serde_json::to_vec(value).map_err(|e| encoding("result", e))
-    }
-
-    fn decode(bytes: Vec<u8>) -> Result<V> {
-        serde_json::from_slice(&bytes).map_err(|e| encoding("stored result", e))
-    }
-}
-
-#[cfg(feature = "serde")]
-fn encoding(what: &'static str, e: serde_json::Error) -> Error {
-    Error::ResultEncoding {
-        what,
-        source: Box::new(e),
-    }
-}
-
-/// What the closure's outcome does to the claim. `Y` is handed back on success, `X` with a
-/// failure that stores nothing.
-pub(crate) enum Step<Y, X> {
-    /// Complete the claim with this response.
-    Store(Response, Y),
-    /// Release the key: nothing happened.
-    Release(X),
-    /// Leave the claim in progress (an orphan): something may have happened.
-    Leave(X),
-}
-
-/// What one call did.
-pub(crate) enum Ran<Y, X> {
-    Executed {
-        value: Y,
-        takeover: Option<Takeover>,
-    },
-    Replayed(Response),
-    InProgress {
-        retry_after: Duration,
-    },
-    Mismatch {
-        completed: bool,
-    },
-    Released(X),
-    Unresolved(X),
-}
-
-/// One call: claim (waiting for an in-flight duplicate up to `wait`), run, settle.
-pub(crate) struct Once<'a> {
-    pub(crate) store: &'a Store,
-    pub(crate) scope: &'a Scope,
-    pub(crate) key: &'a str,
-    pub(crate) fingerprint: Fingerprint,
-    pub(crate) wait: Duration,
-}
-
-/// What to do after a claim.
-enum Next<Y, X> {
-    Run(Ticket),
-    Done(Ran<Y, X>),
-    Wait(Duration),
-}
-
-impl Once<'_> {
-    fn deadline(&self) -> Instant {
-        Instant::now()
-            .checked_add(self.wait)
-            .unwrap_or_else(far_future)
-    }
-
-    fn next<Y, X>(claim: Claim, deadline: Instant) -> Next<Y, X> {
-        match claim {
-            Claim::Acquired(ticket) => Next::Run(ticket),
-            Claim::Replay(stored) => Next::Done(Ran::Replayed(stored)),
-            Claim::Mismatch { completed } => Next::Done(Ran::Mismatch { completed }),
-            Claim::InProgress { retry_after, .. } => {
-                let now = Instant::now();
-                if now >= deadline {
-                    Next::Done(Ran::InProgress { retry_after })
-                } else {
-                    // Woken when the holder finishes, or its lease ends.
-                    Next::Wait(deadline - now)
-                }
-            }
-        }
-    }
-
-    /// Runs `body` once for the key, blocking.
-    pub(crate) fn run<Y, X>(&self, body: impl FnOnce(&Attempt) -> Step<Y, X>) -> Result<Ran<Y, X>> {
-        let deadline = self.deadline();
-        let ticket = loop {
-            match Self::next(
-                self.store.claim(self.scope, self.key, self.fingerprint)?,
-                deadline,
-            ) {
-                Next::Run(ticket) => break ticket,
-                Next::Done(ran) => return Ok(ran),
-                Next::Wait(left) => {
-                    self.store.wait(self.scope, self.key, left)?;
-                }
-            }
-        };
-        let (attempt, held) = Attempt::new(self.store, ticket);
-        let step = panic::catch_unwind(AssertUnwindSafe(|| body(&attempt)));
-        drop(attempt);
-        let ticket = Arc::into_inner(held)
-            .expect("the closure only borrowed the attempt, so no renewal outlives it");
-        match step {
-            Ok(Step::Store(response, value)) => {
-                let takeover = ticket.takeover().cloned();
-                self.store.complete(ticket, response)?;
-                Ok(Ran::Executed { value, takeover })
-            }
-            Ok(Step::Release(x)) => {
-                self.store.release(ticket)?;
-                Ok(Ran::Released(x))
-            }
-            Ok(Step::Leave(x)) => Ok(Ran::Unresolved(unresolved(ticket, x))),
-            Err(panic) => {
-                // A lost lease means another attempt holds the key now: nothing to release.
-                let _ = self.store.release(ticket);
-                panic::resume_unwind(panic)
-            }
-        }
-    }
-
-    /// Runs `body` once for the key, awaiting the store.
-    pub(crate) async fn run_async<Y, X, Fut>(
-        &self,
-        body: impl FnOnce(Attempt) -> Fut,
-    ) -> Result<Ran<Y, X>>
-    where
-        Fut: Future<Output = Step<Y, X>>,
-    {
-        let deadline = self.deadline();
-        let ticket = loop {
-            match Self::next(
-                self.store
-                    .claim_async(self.scope, self.key, self.fingerprint)
-                    .await?,
-                deadline,
-            ) {
-                Next::Run(ticket) => break ticket,
-                Next::Done(ran) => return Ok(ran),
-                Next::Wait(left) => {
-                    self.store.wait_async(self.scope, self.key, left).await?;
-                }
-            }
-        };
-        // From here until the step is settled, dropping this future drops `held`, and with it
-        // the ticket unspent: the claim becomes an orphan, as after a crash.
-        let (attempt, held) = Attempt::new(self.store, ticket);
-        let step = catch_unwind(async move { body(attempt).await }).await;
-        let mut held = held;
-        let ticket = loop {
-            match Arc::try_unwrap(held) {
-                Ok(ticket) => break ticket,
-                // An attempt moved out of the closure is renewing the lease: let it finish.
-                Err(shared) => {
-                    held = shared;
-                    crate::timer::sleep(Duration::from_millis(1)).await;
-                }
-            }
-        };
-        match step {
-            Ok(Step::Store(response, value)) => {
-                let takeover = ticket.takeover().cloned();
-                self.store.complete_async(ticket, response).await?;
-                Ok(Ran::Executed { value, takeover })
-            }
-            Ok(Step::Release(x)) => {
-                self.store.release_async(ticket).await?;
-                Ok(Ran::Released(x))
-            }
-            Ok(Step::Leave(x)) => Ok(Ran::Unresolved(unresolved(ticket, x))),
-            Err(panic) => {
-                let _ = self.store.release_async(ticket).await;
-                panic::resume_unwind(panic)
-            }
-        }
-    }
-}
-
-/// Neither stored nor released: the ticket is dropped unspent, so the claim stays in progress
-/// as an orphan, and once its lease runs out the next call runs with a takeover, to reconcile.
-fn unresolved<X>(ticket: Ticket, x: X) -> X {
-    drop(ticket);
-    x
-}
-
-/// Polls `future`, turning a panic in it into `Err` with the panic's payload.
-async fn catch_unwind<F: Future>(future: F) -> std::thread::Result<F::Output> {
-    let mut future = std::pin::pin!(future);
-    std::future::poll_fn(|cx| {
-        match panic::catch_unwind(AssertUnwindSafe(|| future.as_mut().poll(cx))) {
-            Ok(Poll::Ready(out)) => Poll::Ready(Ok(out)),
-            Ok(Poll::Pending) => Poll::Pending,
-            Err(panic) => Poll::Ready(Err(panic)),
-        }
-    })
-    .await
 }
 
 /// The closure's result as a step: encoded for storing, or a failure that stores nothing.
