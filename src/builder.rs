@@ -7,8 +7,8 @@ use crate::error::Result;
 use crate::model::response::MAX_RESPONSE_LIMIT;
 use crate::observe::Observer;
 use crate::store::Store;
+use crate::sync::Arc;
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Duration;
 
 impl Store {

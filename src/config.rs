@@ -2,7 +2,7 @@
 //! the defaults themselves are written once, here.
 
 use crate::clock::{Clock, SystemClock};
-use std::sync::Arc;
+use crate::sync::Arc;
 use std::time::Duration;
 
 /// What a claim does with a stale claim (an in-progress record whose lease ran out).

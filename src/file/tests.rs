@@ -176,7 +176,7 @@ fn replay_of_a_record_missing_from_the_file_is_corruption_not_a_hang() {
     use crate::file::index::{Slot, SlotState};
     let store = Store::in_memory().unwrap();
     #[allow(irrefutable_let_patterns)]
-    let crate::store::Engine::File(healing) = &store.engine
+    let crate::engine::Engine::File(healing) = &store.engine
     else {
         unreachable!("an in-memory store is a file engine")
     };
@@ -224,7 +224,7 @@ fn a_replay_between_the_answer_and_the_apply_waits_for_the_apply() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path().join("store.idem")).unwrap();
     #[allow(irrefutable_let_patterns)]
-    let crate::store::Engine::File(healing) = &store.engine
+    let crate::engine::Engine::File(healing) = &store.engine
     else {
         unreachable!("a store on a file is a file engine")
     };
@@ -261,7 +261,7 @@ fn a_checkpoint_waits_until_every_earlier_batch_is_applied() {
         .open(dir.path().join("store.idem"))
         .unwrap();
     #[allow(irrefutable_let_patterns)]
-    let crate::store::Engine::File(healing) = &store.engine
+    let crate::engine::Engine::File(healing) = &store.engine
     else {
         unreachable!("a store on a file is a file engine")
     };

@@ -30,11 +30,11 @@ use crate::model::response::Response;
 use crate::model::scope::Scope;
 use crate::model::ticket::Ticket;
 use crate::store::Store;
+use crate::sync::Arc;
 use crate::timer::far_future;
 use futures_util::FutureExt as _;
 use std::future::Future;
 use std::panic::{self, AssertUnwindSafe};
-use crate::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// What the closure's outcome does to the claim. `Y` is handed back on success, `X` with a
