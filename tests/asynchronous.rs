@@ -232,6 +232,31 @@ on_every_engine! {
 }
 
 on_every_engine! {
+    /// Regression: on PostgreSQL, the operation a caller made right after dropping a
+    /// `claim_async` future could run in the same batch as the dropped claim, pipelined before
+    /// the claim's withdrawal, and see the key still held (a read: in progress; a claim:
+    /// `InProgress`), although a claim nobody received never holds its key. Jobs queued after
+    /// the dropped claim's barrier now wait for the batch before it to end.
+    fn the_next_operation_after_a_dropped_claim_future_sees_it_withdrawn(b: Backend) {
+        let store = b.store();
+        let fp = Fingerprint::of(b"req");
+        for i in 0..40 {
+            let key = format!("next-{i}");
+            drop(poll_once(store.claim_async(&scope(), &key, fp)));
+            if i % 2 == 0 {
+                let entry = store.get(&scope(), &key).unwrap();
+                assert!(entry.is_none(), "{key}: a withdrawn claim is still there: {entry:?}");
+            } else {
+                match store.claim(&scope(), &key, fp).unwrap() {
+                    Claim::Acquired(ticket) => assert!(ticket.takeover().is_none()),
+                    other => panic!("{key}: the next claim must acquire the key, got {other:?}"),
+                }
+            }
+        }
+    }
+}
+
+on_every_engine! {
     /// A takeover nobody received is not released (the attempt it replaced may have acted): its
     /// lease ends at once, so the next claim takes the key over again and is told to reconcile.
     fn a_dropped_takeover_future_leaves_the_key_to_the_next_takeover(b: Backend) {

@@ -111,12 +111,17 @@ pub(crate) struct Context {
 /// Runs until every sender of `jobs` is gone, then lets running batches finish.
 pub(crate) async fn run(context: Arc<Context>, mut jobs: mpsc::UnboundedReceiver<Job>) {
     let mut running = tokio::task::JoinSet::new();
+    // Jobs queued after a barrier, held back from its batch: the next batch starts with them.
+    let mut after_barrier: Vec<Job> = Vec::new();
     loop {
         let permit = context.pool.permit().await;
-        let Some(first) = jobs.recv().await else {
-            break;
-        };
-        let mut batch = vec![first];
+        let mut batch = std::mem::take(&mut after_barrier);
+        if batch.is_empty() {
+            let Some(first) = jobs.recv().await else {
+                break;
+            };
+            batch.push(first);
+        }
         while batch.len() < context.batch_limit {
             match jobs.try_recv() {
                 Ok(job) => batch.push(job),
@@ -145,8 +150,12 @@ pub(crate) async fn run(context: Arc<Context>, mut jobs: mpsc::UnboundedReceiver
         }
         // A job nobody waits for (a dropped ticket's orphan mark, a withdrawal) must land
         // before any job queued after it runs, as its caller's next operation expects: such a
-        // batch (rare) is run to its end before the next one starts.
-        if batch.iter().any(|job| matches!(job, Job::Barrier)) {
+        // batch (rare) is run to its end before the next one starts. A barrier also ends its
+        // batch: a claim before it is withdrawn only once its statement answered, after the
+        // statements of its own batch were sent, so jobs queued after the barrier go to the
+        // next batch.
+        if let Some(at) = batch.iter().position(|job| matches!(job, Job::Barrier)) {
+            after_barrier = batch.split_off(at + 1);
             while running.join_next().await.is_some() {}
         }
         let unawaited = batch.iter().any(|job| {
