@@ -338,7 +338,11 @@ impl StoreBuilder {
     ///
     /// # Errors
     /// [`crate::Error::AlreadyOpen`] if another `Store` has the file open;
-    /// [`crate::Error::Corrupted`] if any record fails its checksum;
+    /// [`crate::Error::Corrupted`] if what the open reads is damaged: the `meta` table, the
+    /// journal, a record head (its CRC-32), or the heads' order and count against the
+    /// records'; with [`PageCheck::Verify`], any page of the file. The default open reads no
+    /// whole record: a damaged record is refused (`Corrupted`) when a request reads it, and
+    /// `idemdb verify` reads every one;
     /// [`crate::Error::UnsupportedFormat`] for a file of another format version;
     /// [`crate::Error::Io`] for the operating system's errors.
     pub fn open(self, path: impl AsRef<Path>) -> Result<Store> {

@@ -91,7 +91,8 @@ pub enum Error {
         /// What the failed commit reported.
         cause: String,
     },
-    /// An I/O error from the operating system.
+    /// An I/O error from the operating system. `Display` shows its message;
+    /// [`std::error::Error::source`] continues with the I/O error's own cause, if it has one.
     Io(std::io::Error),
     /// An error from the storage engine (redb) that is not a plain I/O error.
     Storage(StorageError),
@@ -107,8 +108,14 @@ pub enum Error {
         /// The server's SQLSTATE code (`"42501"`: insufficient privilege, `"28P01"`: wrong
         /// password, ...), when the server answered.
         sqlstate: Option<String>,
-        /// What went wrong.
+        /// What went wrong, in full: the server's message with its detail and hint, or the
+        /// client's error with its causes. This is what `Display` shows.
         reason: String,
+        /// The driver's own error (a `tokio_postgres::Error`: downcast it for the server's
+        /// structured fields, such as the table or constraint), when the driver reported one.
+        /// It is not [`std::error::Error::source`]: its text is already in `reason`, and an
+        /// error chain would print it twice.
+        driver: Option<std::sync::Arc<dyn std::error::Error + Send + Sync>>,
     },
     /// An import ([`crate::Store::import`]) was refused, and nothing was imported: a line of
     /// its input is not an exported record (`line` counts from 1), or the store to import into
@@ -359,10 +366,12 @@ impl fmt::Display for Error {
             Error::Database {
                 sqlstate: Some(code),
                 reason,
+                ..
             } => write!(f, "database error (SQLSTATE {code}): {reason}"),
             Error::Database {
                 sqlstate: None,
                 reason,
+                ..
             } => write!(
                 f,
                 "database error: {reason}; retry when the database is reachable"
@@ -410,7 +419,8 @@ impl fmt::Display for Error {
 impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            Error::Io(e) => Some(e),
+            // Its message is in this error's `Display`: the chain goes on with its cause.
+            Error::Io(e) => e.source(),
             Error::Storage(e) => Some(e),
             Error::ResultEncoding { source, .. } => Some(&**source),
             _ => None,
@@ -517,11 +527,44 @@ mod tests {
         assert!(e.to_string().contains("reopen"));
     }
 
+    /// Every message of an error's chain, as a reporter prints it.
+    fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+        let mut out = e.to_string();
+        let mut next = e.source();
+        while let Some(cause) = next {
+            out.push_str(": ");
+            out.push_str(&cause.to_string());
+            next = cause.source();
+        }
+        out
+    }
+
+    /// `Error::Io` printed its I/O error in `Display` and returned it from `source()` too, so
+    /// every error chain printed the operating system's message twice.
     #[test]
-    fn io_errors_keep_their_source() {
-        use std::error::Error as _;
-        let e = Error::from(std::io::Error::other("boom"));
-        assert!(e.source().is_some());
-        assert!(matches!(e, Error::Io(_)));
+    fn an_io_error_is_printed_once_in_a_chain_and_keeps_its_cause() {
+        #[derive(Debug)]
+        struct Cause;
+        impl std::fmt::Display for Cause {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("the cause")
+            }
+        }
+        impl std::error::Error for Cause {}
+        let plain = Error::from(std::io::Error::other("no space left"));
+        assert_eq!(
+            chain(&plain).matches("no space left").count(),
+            1,
+            "{}",
+            chain(&plain)
+        );
+        assert!(matches!(plain, Error::Io(_)));
+        let wrapped = Error::from(std::io::Error::other(Cause));
+        assert_eq!(
+            chain(&wrapped).matches("the cause").count(),
+            1,
+            "{}",
+            chain(&wrapped)
+        );
     }
 }

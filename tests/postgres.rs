@@ -52,7 +52,18 @@ fn scope() -> Scope {
 
 fn database_error(result: idemdb::Result<Store>) -> (Option<String>, String) {
     match result {
-        Err(Error::Database { sqlstate, reason }) => (sqlstate, reason),
+        Err(Error::Database {
+            sqlstate,
+            reason,
+            driver,
+        }) => {
+            // The server's refusals come with the driver's own error, kept for its fields.
+            if sqlstate.is_some() {
+                let driver = driver.expect("the driver's error is kept");
+                assert!(driver.to_string().contains("db error"), "{driver}");
+            }
+            (sqlstate, reason)
+        }
         other => panic!("expected Error::Database, got {other:?}"),
     }
 }

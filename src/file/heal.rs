@@ -4,7 +4,7 @@
 //! Why halt at all: after a failed `fdatasync(2)` the page cache cannot be trusted. Linux marks
 //! the pages that did not reach the disk clean, so reads keep returning data the disk does not
 //! hold, and a later sync succeeds without writing them. So the failed commit's pipeline stops
-//! acknowledging anything (`commit.rs`). Before healing, only a restart of the process brought
+//! acknowledging anything (`commit/`). Before healing, only a restart of the process brought
 //! the store back. A heal does what a restart does, without one:
 //!
 //! 1. The halted pipeline lets go of its files: it waits for a running commit, then closes the

@@ -188,6 +188,7 @@ pub(super) async fn claims(
         let _ = reply.send(Err(Error::Database {
             sqlstate: None,
             reason: format!("a claim did not settle after {MAX_CLAIM_ROUNDS} statements"),
+            driver: None,
         }));
     }
 }
@@ -263,6 +264,7 @@ async fn decide_round(
                     .map_err(|_| Error::Database {
                         sqlstate: None,
                         reason: "a claim statement returned a key it was not given".into(),
+                        driver: None,
                     })?;
                 Ok((at, won))
             })
@@ -325,6 +327,7 @@ async fn decide_round(
                 unanswered.len(),
                 rows.len()
             ),
+            driver: None,
         }),
         Err(e) => Err(db_error(e)),
     };

@@ -40,6 +40,7 @@ pub(crate) fn connect(mut config: Config, url: &str) -> Result<PgStore> {
     let mut pg: tokio_postgres::Config = url.parse().map_err(|e| Error::Database {
         sqlstate: None,
         reason: format!("invalid connection string: {e}"),
+        driver: None,
     })?;
     if pg.get_application_name().is_none() {
         pg.application_name("idemdb");

@@ -184,6 +184,7 @@ pub(super) fn stopped() -> Error {
     Error::Database {
         sqlstate: None,
         reason: "the PostgreSQL engine's thread has stopped".into(),
+        driver: None,
     }
 }
 

@@ -46,11 +46,21 @@ impl Target {
     }
 }
 
-/// A client library error as ours.
+/// A client library error as ours: the server's message with its detail and hint, or the
+/// client's error with its causes, as text; the driver's error itself kept beside it.
 pub(crate) fn db_error(e: tokio_postgres::Error) -> Error {
     let sqlstate = e.code().map(|c| c.code().to_owned());
     let reason = match e.as_db_error() {
-        Some(db) => format!("{}: {}", db.severity(), db.message()),
+        Some(db) => {
+            let mut reason = format!("{}: {}", db.severity(), db.message());
+            if let Some(detail) = db.detail() {
+                reason.push_str(&format!(" (detail: {detail})"));
+            }
+            if let Some(hint) = db.hint() {
+                reason.push_str(&format!(" (hint: {hint})"));
+            }
+            reason
+        }
         None => {
             let mut reason = e.to_string();
             let mut source = std::error::Error::source(&e);
@@ -62,19 +72,29 @@ pub(crate) fn db_error(e: tokio_postgres::Error) -> Error {
             reason
         }
     };
-    Error::Database { sqlstate, reason }
+    Error::Database {
+        sqlstate,
+        reason,
+        driver: Some(std::sync::Arc::new(e)),
+    }
 }
 
 /// The same database error again, for every caller of a failed batch.
 pub(crate) fn again(e: &Error) -> Error {
     match e {
-        Error::Database { sqlstate, reason } => Error::Database {
+        Error::Database {
+            sqlstate,
+            reason,
+            driver,
+        } => Error::Database {
             sqlstate: sqlstate.clone(),
             reason: reason.clone(),
+            driver: driver.clone(),
         },
         other => Error::Database {
             sqlstate: None,
             reason: other.to_string(),
+            driver: None,
         },
     }
 }

@@ -118,6 +118,7 @@ pub(crate) async fn check_durability(client: &Client) -> Result<()> {
             reason: format!(
                 "the server runs with fsync = {fsync}: a crash loses committed claims, so idemdb refuses it (set fsync = on)"
             ),
+            driver: None,
         });
     }
     Ok(())

@@ -1,5 +1,5 @@
 //! Reading the PostgreSQL engine's records one by one ([`crate::Store::scan`], the export), and
-//! importing an export (see `crate::transfer`).
+//! importing an export (the line format is `crate::model::moved`).
 
 use super::bridge::block;
 use super::rows::Held;
