@@ -11,8 +11,8 @@
 //!    with 8192 requests in flight, so commits are large batches. Reported as records/s.
 //! 2. **claims/s**: new-key claims from 64 threads for `IDEMDB_SCALE_SECONDS` (default 3) on
 //!    top of the N live keys; each claim is fsynced before it returns.
-//! 3. **open**: a child process opens the file (rebuilding the index from every record, checking
-//!    every checksum), and reports the time and its resident memory before and after; the
+//! 3. **open**: a child process opens the file (rebuilding the index from the record heads,
+//!    checking each head's checksum), and reports the time and its resident memory before and after; the
 //!    difference divided by the live records is the **resident bytes per live key**, the
 //!    redb page cache included.
 //! 4. **purge**: a child process opens the file with a clock 25 hours ahead and purges every

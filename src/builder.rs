@@ -141,7 +141,7 @@ impl StoreBuilder {
     /// sequential write and one `fdatasync`, before redb applies it. Default: 16 MiB. When it
     /// fills, the next batch is committed durably into the redb file (a checkpoint) and the
     /// journal starts over. `0` turns it off: every batch is then a durable redb commit, which
-    /// writes more pages per batch (see `docs/performance.md`). Sizes between 1 and 4 KiB are
+    /// writes more pages per batch (see `docs/performance-history.md`). Sizes between 1 and 4 KiB are
     /// taken as 4 KiB (the journal's header and a few entries). The file never shrinks: a
     /// smaller size only bounds where new entries go.
     ///

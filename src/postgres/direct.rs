@@ -5,7 +5,7 @@
 //! Why: through the queue a lone caller's job crosses threads twice (the engine's thread is
 //! woken, then the caller's), and on a virtual machine each wake of an idle CPU costs tens of
 //! microseconds. Measured side by side with a raw client, that was about half of what a lone
-//! claim cost on top of the bare insert (`docs/performance.md`). The lane's connection belongs
+//! claim cost on top of the bare insert (`docs/performance-history.md`). The lane's connection belongs
 //! to a current-thread runtime that only the thread holding the lane polls, so the statement's
 //! I/O happens on the caller's thread, as with a plain synchronous client.
 //!
