@@ -429,8 +429,13 @@ impl Store {
             .call_resolved(|| {
                 dispatch!(&self.engine, e => {
                     e.check()?;
-                    if let Resolution::Complete(response) = &resolution {
-                        self.fits(response)?;
+                    match &resolution {
+                        Resolution::Complete(response) => self.fits(response)?,
+                        Resolution::Release => {}
+                        Resolution::Keep => {
+                            crate::model::scope::scoped_key(scope, key)?;
+                            return Ok(false);
+                        }
                     }
                     e.resolve(scope, key, fence, resolution)
                 })

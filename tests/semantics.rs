@@ -395,6 +395,87 @@ on_every_engine! {
 }
 
 on_every_engine! {
+    /// `Store::resolve` settles one stale claim as a reap's resolver would: released, the next
+    /// claim executes afresh; completed, retries replay the response. The holder it fenced off
+    /// can change nothing, and `stats().reaped` counts both.
+    fn resolve_releases_or_completes_one_stale_claim(b: Backend) {
+        let f = Fixture::new(b);
+        let store = f.open();
+        let released = acquire(&store, &pay(), "r1", "a");
+        let completed = acquire(&store, &pay(), "r2", "a");
+        f.clock.advance(LEASE);
+        assert!(store
+            .resolve(&pay(), "r1", released.fence(), Resolution::Release)
+            .unwrap());
+        let charged = rich_response();
+        assert!(store
+            .resolve(&pay(), "r2", completed.fence(), Resolution::Complete(charged.clone()))
+            .unwrap());
+        assert_eq!(store.stats().reaped, 2);
+        assert!(matches!(
+            store.complete(released, Response::new(200, "late")),
+            Err(Error::LeaseLost { .. })
+        ));
+        assert!(matches!(
+            store.release(completed),
+            Err(Error::LeaseLost { .. })
+        ));
+        let again = acquire(&store, &pay(), "r1", "a");
+        assert!(again.takeover().is_none(), "a released key is new again");
+        assert_eq!(replay(&store, &pay(), "r2", "a"), charged);
+        // Durable: a reopen sees both resolutions.
+        drop((again, store));
+        let store = f.open();
+        assert_eq!(replay(&store, &pay(), "r2", "a"), charged);
+    }
+}
+
+on_every_engine! {
+    /// `Store::resolve` changes nothing unless the key holds a stale claim with that very fence:
+    /// a live claim, another fence, a completion, an absent key and `Keep` all answer `false`;
+    /// an oversize response and a bad key are typed errors.
+    fn resolve_changes_nothing_but_the_stale_claim_it_names(b: Backend) {
+        let f = Fixture::new(b);
+        let store = f.open();
+        let live = acquire(&store, &pay(), "live", "a");
+        assert!(!store
+            .resolve(&pay(), "live", live.fence(), Resolution::Release)
+            .unwrap(), "a claim whose lease runs is its holder's");
+        let done = acquire(&store, &pay(), "done", "a");
+        let done_fence = done.fence();
+        store.complete(done, Response::new(201, "ok")).unwrap();
+        let stale = acquire(&store, &pay(), "stale", "a");
+        f.clock.advance(LEASE);
+        for (key, fence, resolution) in [
+            ("done", done_fence, Resolution::Release),
+            ("stale", stale.fence() + 1, Resolution::Release),
+            ("stale", stale.fence(), Resolution::Keep),
+            ("absent", 1, Resolution::Release),
+        ] {
+            assert!(
+                !store.resolve(&pay(), key, fence, resolution.clone()).unwrap(),
+                "{key} fence {fence} {resolution:?}"
+            );
+        }
+        let huge = Response::new(200, vec![0u8; 2 << 20]);
+        assert!(matches!(
+            store.resolve(&pay(), "stale", stale.fence(), Resolution::Complete(huge)),
+            Err(Error::ResponseTooLarge { ticket: None, .. })
+        ));
+        assert!(matches!(
+            store.resolve(&pay(), "has space", 1, Resolution::Keep),
+            Err(Error::InvalidKey { .. })
+        ));
+        assert_eq!(store.stats().reaped, 0);
+        assert_eq!(replay(&store, &pay(), "done", "a").body(), b"ok");
+        // The stale claim is still there to be taken over, and the live one still held.
+        let taken = acquire(&store, &pay(), "stale", "a");
+        assert_eq!(taken.takeover().map(|t| t.previous_fence), Some(stale.fence()));
+        store.complete(live, Response::new(200, "mine")).unwrap();
+    }
+}
+
+on_every_engine! {
     fn keep_policy_leaves_stale_claims_to_reap(b: Backend) {
         let f = Fixture::with_policy(b, StalePolicy::Keep);
         let store = f.open();

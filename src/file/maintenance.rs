@@ -111,8 +111,8 @@ impl FileStore {
         Tally::of(resolved, stopped)
     }
 
-    /// Resolves the stale claim of `key` with `fence`, if it is one: see
-    /// [`crate::Store::resolve`].
+    /// Resolves the stale claim of `key` with `fence`, if it is one, as `resolution` (a
+    /// release or a completion; the seam answers `Keep` itself): see [`crate::Store::resolve`].
     pub(crate) fn resolve(
         &self,
         scope: &Scope,
@@ -123,9 +123,6 @@ impl FileStore {
         let inner = &*self.inner;
         inner.pipeline.check()?;
         let key = inner.index.key(scoped_key(scope, key)?);
-        if resolution == Resolution::Keep {
-            return Ok(false);
-        }
         let now = self.now();
         let Some(slot) = inner.index.lock(&key.hash).get(&key.hash).cloned() else {
             return Ok(false);

@@ -57,9 +57,10 @@ impl PgStore {
         Tally::of(resolved, Ok(()))
     }
 
-    /// Resolves the stale claim of `key` with `fence`, if it is one: see
-    /// [`crate::Store::resolve`]. The record is read first (is it that stale claim?), then
-    /// resolved only if its lease is still the one read.
+    /// Resolves the stale claim of `key` with `fence`, if it is one, as `resolution` (a
+    /// release or a completion; the seam answers `Keep` itself): see [`crate::Store::resolve`].
+    /// The record is read first (is it that stale claim?), then resolved only if its lease is
+    /// still the one read.
     pub(crate) fn resolve(
         &self,
         scope: &Scope,
@@ -68,9 +69,6 @@ impl PgStore {
         resolution: Resolution,
     ) -> Result<bool> {
         let scoped = scoped_key(scope, key)?;
-        if resolution == Resolution::Keep {
-            return Ok(false);
-        }
         let (now, held) = block(self.read(&scoped))?;
         let Some(record) = held else {
             return Ok(false);
