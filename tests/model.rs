@@ -1749,7 +1749,8 @@ impl Harness {
     }
 
     /// A call the resolver makes. If it commits, its batch carries the resolutions the reap
-    /// queued before it, which are then durable; if it fails, they went down with it.
+    /// queued before it, which are then durable, even if the store halts after that batch's
+    /// sync (its redb apply failing); if it fails before any sync, they went down with it.
     fn resolver_step(
         &mut self,
         st: &mut ReapState,
@@ -1761,9 +1762,16 @@ impl Harness {
         if was_halted {
             return Ok(());
         }
+        let committed = self.store().stats().commit_batches > batches;
         if self.halted() {
+            // A batch of the call became durable before the store halted (its redb apply
+            // failed after its journal sync): the reap's resolutions queued before the call
+            // were in it, or in an earlier one, so they are durable.
+            if committed {
+                st.unsynced = 0;
+            }
             st.halted_at = Some((st.unsynced, st.resolved));
-        } else if self.store().stats().commit_batches > batches {
+        } else if committed {
             self.durable.clone_from(&self.model.records);
             st.unsynced = 0;
         }
