@@ -7,9 +7,8 @@
 //! before an engine sees them, and every answer is counted by the observer. Below the seam
 //! the engines share only `crate::model`; neither imports the other, nor anything above.
 
-use crate::error::Error;
 use crate::file::heal::Healing;
-use crate::stats::EngineFigures;
+use crate::model::report::EngineFigures;
 
 /// The engine a store runs on.
 #[derive(Clone, Debug)]
@@ -38,33 +37,5 @@ impl Engine {
     /// What only the engine knows of the store's figures.
     pub(crate) fn figures(&self) -> EngineFigures {
         dispatch!(self, e => e.figures())
-    }
-}
-
-/// What a reap or a purge did: how many records it resolved or deleted, and the error that
-/// stopped it, if one did. A reap that the seam's check stopped (an oversize response from the
-/// resolver) counts what it resolved before, which stays resolved; an engine that fails counts
-/// nothing, as its caller gets the error and cannot tell what landed.
-#[derive(Debug, Default)]
-pub(crate) struct Tally {
-    pub(crate) done: usize,
-    pub(crate) stopped: Option<Error>,
-}
-
-impl Tally {
-    /// A tally of `done` records, stopped by `result`'s error if it has one.
-    pub(crate) fn of(done: usize, result: crate::Result<()>) -> Tally {
-        Tally {
-            done,
-            stopped: result.err(),
-        }
-    }
-
-    /// Nothing done: stopped before the first record.
-    pub(crate) fn failed(e: Error) -> Tally {
-        Tally {
-            done: 0,
-            stopped: Some(e),
-        }
     }
 }

@@ -11,9 +11,9 @@
 //! looking a name up. Spans are built at DEBUG: under a subscriber at INFO, as in production,
 //! each costs one check of the level.
 
-use crate::engine::Tally;
 use crate::error::Result;
 use crate::model::claim::Claim;
+use crate::model::report::Tally;
 use crate::model::scope::Scope;
 use crate::model::ticket::Ticket;
 use crate::stats::Counters;

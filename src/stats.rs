@@ -1,5 +1,6 @@
 //! Counters an operator watches.
 
+use crate::model::report::EngineFigures;
 use crate::sync::{AtomicU64, Ordering};
 
 /// A snapshot of the store's counters since it was opened.
@@ -62,17 +63,6 @@ pub(crate) struct Counters {
     pub(crate) takeovers: AtomicU64,
     pub(crate) reaped: AtomicU64,
     pub(crate) purged: AtomicU64,
-}
-
-/// What only the engine knows.
-#[derive(Debug, Default)]
-pub(crate) struct EngineFigures {
-    pub(crate) withdrawn: u64,
-    pub(crate) commit_batches: u64,
-    pub(crate) checkpoints: u64,
-    pub(crate) live_records: Option<u64>,
-    pub(crate) stored_bytes: u64,
-    pub(crate) heals: u64,
 }
 
 impl Counters {

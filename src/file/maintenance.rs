@@ -2,7 +2,6 @@
 //! timer of your own (for example every few seconds for `reap`, every minute for `purge`).
 
 use crate::clock::{duration_millis, from_millis};
-use crate::engine::Tally;
 use crate::error::Result;
 use crate::file::batch::{Gone, Op};
 use crate::file::commit::Seq;
@@ -11,6 +10,7 @@ use crate::file::read;
 use crate::file::record::{Record, RecordState};
 use crate::file::store::FileStore;
 use crate::model::claim::{Resolution, StaleClaim};
+use crate::model::report::Tally;
 use crate::model::scope::{scoped_key, split_scoped_key, Scope};
 
 /// How many due records one purge round deletes before it waits for their commit.

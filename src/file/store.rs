@@ -17,11 +17,11 @@ use crate::file::record::{Record, RecordState};
 use crate::file::watch::Watchers;
 use crate::model::claim::{Claim, Entry, EntryState, Takeover};
 use crate::model::fingerprint::Fingerprint;
+use crate::model::report::EngineFigures;
 use crate::model::response::Response;
 use crate::model::scope::{display_scoped_key, scoped_key, Scope};
 use crate::model::ticket::{Issued, Issuer, Ticket};
 use crate::replay_cache::{Cached, ReplayCache};
-use crate::stats::EngineFigures;
 use crate::sync::{Arc, AtomicU64, Ordering, Weak};
 use std::time::Duration;
 

@@ -5,10 +5,10 @@ use super::rows::{
     db_error, encode_headers, fence_column, fence_of, fingerprint_of, time_of, Target,
 };
 use super::{schema, sql, PgStore};
-use crate::engine::Tally;
 use crate::error::{Damaged, Error, Result};
 use crate::model::claim::{Resolution, StaleClaim};
 use crate::model::fingerprint::Fingerprint;
+use crate::model::report::Tally;
 use crate::model::scope::{scoped_key, Scope};
 use futures_channel::oneshot;
 

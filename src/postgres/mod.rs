@@ -32,9 +32,9 @@ mod transfer;
 
 use crate::config::Config;
 use crate::error::{Error, Result};
+use crate::model::report::EngineFigures;
 use crate::model::ticket::Issuer;
 use crate::replay_cache::ReplayCache;
-use crate::stats::EngineFigures;
 use crate::sync::{Arc, AtomicU64, Mutex, Ordering};
 use futures_channel::oneshot;
 use pool::Conn;
