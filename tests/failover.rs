@@ -111,7 +111,11 @@ fn failover_worker() {
 #[test]
 #[ignore = "needs a primary and a synchronous standby: scripts/with-postgres --standby"]
 fn a_failover_to_a_synchronous_standby_loses_nothing_acknowledged() {
-    let url = std::env::var("IDEMDB_PG_URL").unwrap();
+    let url = std::env::var("IDEMDB_PG_URL").expect(
+        "this test needs a primary and a synchronous standby: run it as \
+         `scripts/with-postgres --standby cargo test --release --features postgres --test failover \
+         -- --ignored --exact a_failover_to_a_synchronous_standby_loses_nothing_acknowledged`",
+    );
     let primary: u32 = std::env::var("IDEMDB_PG_PRIMARY_PID")
         .expect("run under scripts/with-postgres --standby")
         .parse()
