@@ -2,7 +2,9 @@
 //! checker or a different lock implementation can be swapped in here alone.
 
 pub(crate) use parking_lot::{Condvar, Mutex, MutexGuard, RwLock};
-pub(crate) use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
+#[cfg(any(feature = "postgres", feature = "metrics"))]
+pub(crate) use std::sync::atomic::AtomicI64;
+pub(crate) use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 pub(crate) use std::sync::{Arc, Once, OnceLock, Weak};
 
 /// A waker that unparks the calling thread: what a thread that parks between polls (or

@@ -6,8 +6,10 @@
 //! Every batch writes a record's head in the same redb transaction as the record (and the
 //! journal's replay goes through the same code), so the two tables never disagree in a
 //! committed state. A head that fails its checksum, or a table whose length differs from the
-//! records', is derived data gone wrong, not lost data: the open rebuilds the table from the
-//! records (`upgrade::rebuild_heads`), as it does for a file of store format 2, which had none.
+//! records', is derived data gone wrong: the open rebuilds the table from the records
+//! (`upgrade::rebuild_heads`), as it does for a file of store format 2, which had none. Except
+//! when a head that passes its checksum names a fence the records table lacks: then the records
+//! lost data, and the open refuses rather than rebuild the heads from what is left.
 //!
 //! Layout (little-endian): key hash lo (u64), key hash hi (u64), fingerprint tag (u64), deadline
 //! (u64: lease end in progress, expiry completed), tenant hash (u64), the record value's length

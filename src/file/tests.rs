@@ -814,6 +814,37 @@ fn damaged_or_missing_heads_are_rebuilt_from_the_records() {
     }
 }
 
+/// A record missing under a head that passes its checksum is lost data, not a damaged heads
+/// table: the open refuses, names it, and keeps the heads (a rebuild from the records would
+/// forget it, and its key would run again). See also `tests/damage_cases.rs`.
+#[test]
+fn a_record_missing_under_a_valid_head_is_refused_not_rebuilt_away() {
+    use crate::file::layout::RECORDS;
+    use redb::ReadableTable;
+    let disk = SimDisk::new();
+    store_with_heads(&disk, 30);
+    let mut lost = 0;
+    edit_file(&disk, |txn| {
+        let mut records = txn.open_table(RECORDS).unwrap();
+        lost = records.first().unwrap().unwrap().0.value();
+        records.remove(lost).unwrap();
+    });
+    for _ in 0..2 {
+        match StoreBuilder::default().open_simulated(&disk) {
+            Err(Error::Corrupted {
+                damaged: Damaged::Pages,
+                reason,
+            }) => assert!(
+                reason.contains(&format!(
+                    "holds 1 records that the records table lacks (fences {lost})"
+                )),
+                "{reason}"
+            ),
+            other => panic!("a lost record must refuse the open, got {other:?}"),
+        }
+    }
+}
+
 /// A `meta` table naming a journal epoch no store reaches is damage, refused at open. (Found
 /// by the `open_file` fuzzer: `journal_epoch` = 2^64 - 1 overflowed the checkpoint's epoch + 1.)
 #[test]

@@ -1,11 +1,11 @@
 //! Upgrades of an older store format, run once at its first open: the heads table built from
 //! the records (format 2), the `expiry` table dropped (format 3).
 
-use crate::error::Result;
+use crate::error::{Damaged, Error, Result};
 use crate::file::batch::head_of;
 use crate::file::batch::quick_repair;
 use crate::file::hashing::{Hashing, SipKey};
-use crate::file::heads::HEADS;
+use crate::file::heads::{StoredHead, HEADS};
 use crate::file::layout::EXPIRY;
 use crate::file::layout::FORMAT_KEY;
 use crate::file::layout::META;
@@ -21,14 +21,20 @@ use redb::{Database, ReadableTable, TableDefinition};
 /// damaged heads table, and the re-keying after a hash collision. Every record is read and its
 /// checksum verified, as every open did before heads existed.
 ///
+/// The records are the authority only over heads they can account for: a head is written and
+/// deleted in the same transaction as its record (invariant 10), so a readable head whose
+/// record is missing means the records table lost it. Then nothing is rebuilt: rebuilding would
+/// forget the record, and every retry of its key would run again.
+///
 /// # Errors
-/// [`Error::Corrupted`] naming the first record that fails, or pages out of order; nothing is
-/// changed then.
+/// [`Error::Corrupted`] naming the first record that fails, pages out of order, or records the
+/// heads hold and the records table lacks; nothing is changed then.
 pub(crate) fn rebuild_heads(db: &Database, secret: SipKey) -> Result<u64> {
     let hashing = Hashing::new(secret);
     let mut txn = db.begin_write()?;
     quick_repair(&mut txn);
     let mut rebuilt = 0;
+    refuse_lost_records(&txn)?;
     delete_table(&txn, HEADS)?;
     delete_table(&txn, EXPIRY)?;
     {
@@ -64,6 +70,61 @@ pub(crate) fn drop_expiry_table(db: &Database) -> Result<()> {
     txn.open_table(META)?.insert(FORMAT_KEY, STORE_FORMAT)?;
     txn.commit()?;
     Ok(())
+}
+
+/// How many lost records [`refuse_lost_records`] names.
+const NAMED: usize = 8;
+
+/// `Err(Corrupted)` if the heads table holds a fence the records table lacks. A heads table
+/// that cannot be read is no evidence either way (it is what a rebuild repairs).
+fn refuse_lost_records(txn: &redb::WriteTransaction) -> Result<()> {
+    let lost = match heads_without_records(txn) {
+        Ok(lost) => lost,
+        Err(_) => return Ok(()),
+    };
+    if lost.is_empty() {
+        return Ok(());
+    }
+    let named: Vec<String> = lost.iter().take(NAMED).map(u64::to_string).collect();
+    Err(Error::Corrupted {
+        damaged: Damaged::Pages,
+        reason: format!(
+            "the heads table holds {} records that the records table lacks (fences {}{}): the \
+             records table's pages were damaged or written over; nothing was changed",
+            lost.len(),
+            named.join(", "),
+            if lost.len() > NAMED { ", ..." } else { "" }
+        ),
+    })
+}
+
+/// The fences of the heads whose records are missing, in order: one pass over both tables,
+/// which are ordered by fence. Only a head that passes its checksum, which covers its fence,
+/// is evidence: one damaged or written to another fence is what a rebuild repairs.
+fn heads_without_records(txn: &redb::WriteTransaction) -> Result<Vec<u64>> {
+    let heads = match txn.open_table(HEADS) {
+        Ok(heads) => heads,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+        Err(e) => return Err(e.into()),
+    };
+    let records = txn.open_table(RECORDS)?;
+    let mut records = records.iter()?.map(|r| r.map(|(k, _)| k.value()));
+    let mut record = records.next().transpose()?;
+    let mut lost = Vec::new();
+    for head in heads.iter()? {
+        let (fence, bytes) = head?;
+        let fence = fence.value();
+        if StoredHead::decode(fence, &bytes.value()).is_none() {
+            continue;
+        }
+        while record.is_some_and(|r| r < fence) {
+            record = records.next().transpose()?;
+        }
+        if record != Some(fence) {
+            lost.push(fence);
+        }
+    }
+    Ok(lost)
 }
 
 pub(super) fn delete_table<K: redb::Key + 'static, V: redb::Value + 'static>(
