@@ -45,7 +45,10 @@ pub enum PageCheck {
     /// make redb panic (contained as `Error::Corrupted`) or end the process: for some damage to
     /// a page pointer it allocates far more memory than the file holds or recurses without end,
     /// and some of its panics panic again as redb unwinds its own state (an abort). Those are
-    /// not contained, and recur at the next open. The default.
+    /// not contained, but they do not recur: an open leaves a marker (`<store>-opening`) that
+    /// only its success removes, and the open after one that never finished verifies every page
+    /// first, so it refuses the damaged file with `Error::Corrupted` instead of dying again. A
+    /// death in a read after the open is not marked, and can recur. The default.
     #[default]
     Trust,
 }

@@ -207,6 +207,18 @@ impl Observer {
         self.meters.census(in_progress, completed);
     }
 
+    /// An open found the marker of an earlier open that never finished: it verifies every page
+    /// before trusting any.
+    pub(crate) fn unfinished_open_found(&self) {
+        #[cfg(feature = "tracing")]
+        tracing::warn!(
+            target: "idemdb",
+            store = self.name(),
+            "an earlier open of this store never finished (the process died in it): verifying \
+             every page before trusting any"
+        );
+    }
+
     /// An open found the heads table unusable (`reason`) and rebuilt it from the records: a
     /// slower open, nothing lost (the records are the authority).
     #[allow(unused_variables)]

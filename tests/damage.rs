@@ -28,8 +28,10 @@
 //! (from the open or from a claim) is an acceptable outcome, except for `none`; for
 //! `foreign_journal` and `stale_journal` it is the only acceptable one. With the default
 //! `PageCheck::Trust`, a child that died inside redb on damaged store pages (an abort from a
-//! panic during redb's own unwinding, a stack overflow, an allocation past the limit) is counted
-//! apart, as what Trust leaves open (`docs/design.md`); verifying, it is a failure.
+//! panic during redb's own unwinding, a stack overflow, an allocation past the limit) is started
+//! again on the files it left, as a supervisor would: the case passes only if that second start
+//! serves right or refuses typed (no crash loop), and the deaths on first start are counted
+//! apart. Verifying, a death is a failure.
 //! `IDEMDB_DAMAGE_KEEP=<dir>` keeps each failed case's files and child spec.
 //!
 //! `IDEMDB_DAMAGE_CASES` sets the cases per (state, journal size, class): 2 by default (about 150
@@ -165,8 +167,8 @@ fn child(spec: &str) {
             // Wait to be killed, with the store open.
             std::thread::sleep(Duration::from_secs(600));
         }
-        "check" => {
-            let outcome = check(&path, lives, journal, tail);
+        "check" | "recheck" => {
+            let outcome = check(&path, lives, journal, tail, what == "recheck");
             println!("{outcome}");
             let wrong = outcome.starts_with("WRONG");
             std::process::exit(i32::from(wrong));
@@ -176,8 +178,9 @@ fn child(spec: &str) {
 }
 
 /// `OK`, `TAIL` (correct but for the last batch), `ERR <variant>` (a typed error) or `WRONG
-/// <what>`.
-fn check(path: &Path, lives: u64, journal: u64, tail: bool) -> String {
+/// <what>`. `again`: a second start, after a first that died: a key the first may have claimed
+/// before it died (an absent one) may be in progress.
+fn check(path: &Path, lives: u64, journal: u64, tail: bool, again: bool) -> String {
     let store = match builder(journal).open(path) {
         Ok(store) => store,
         Err(e) => return format!("ERR {}", variant(&e)),
@@ -192,6 +195,7 @@ fn check(path: &Path, lives: u64, journal: u64, tail: bool) -> String {
             (Truth::Completed, Claim::Replay(r)) => *r == response(i),
             (Truth::InProgress, Claim::InProgress { .. }) => true,
             (Truth::Absent, Claim::Acquired(t)) => t.takeover().is_none(),
+            (Truth::Absent, Claim::InProgress { .. }) => again,
             // The last batch was this key's completion: lost, the claim before it remains.
             (Truth::Completed, Claim::InProgress { .. }) if tail && i + 1 == lives * KEYS => {
                 tail_lost = true;
@@ -207,6 +211,7 @@ fn check(path: &Path, lives: u64, journal: u64, tail: bool) -> String {
     match store.claim(&scope(0), "never-claimed", fingerprint(0)) {
         Ok(Claim::Acquired(_)) if tail_lost => "TAIL".into(),
         Ok(Claim::Acquired(_)) => "OK".into(),
+        Ok(Claim::InProgress { .. }) if again => "OK".into(),
         Ok(other) => format!("WRONG a new key answered {other:?}"),
         Err(e) => format!("ERR {}", variant(&e)),
     }
@@ -246,6 +251,13 @@ fn read_pair(path: &Path) -> (Vec<u8>, Vec<u8>) {
         std::fs::read(path).unwrap(),
         std::fs::read(journal_of(path)).unwrap_or_default(),
     )
+}
+
+/// The open marker a store's open leaves while it runs (and a death inside it leaves behind).
+fn marker_of(path: &Path) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push("-opening");
+    name.into()
 }
 
 fn journal_of(path: &Path) -> PathBuf {
@@ -482,6 +494,9 @@ enum Outcome {
     /// "Damaged and mismatched files"); only allowed for damage to the store file's pages, in
     /// Trust mode.
     DiedInRedb(&'static str),
+    /// It died inside redb on its first start; the second start, on the files the first left
+    /// (with its open marker), ended so.
+    DiedThen(&'static str, Box<Outcome>),
     Failed(String),
 }
 
@@ -520,7 +535,6 @@ fn run_case(
     if !journal.is_empty() || !image.journal.is_empty() {
         std::fs::write(journal_of(&path), journal).unwrap();
     }
-    let exe = std::env::current_exe().unwrap();
     let spec = format!(
         "check:{}:{}:{}:{}",
         image.lives,
@@ -528,11 +542,32 @@ fn run_case(
         u8::from(tail),
         path.display()
     );
+    let mut outcome = run_child(&spec);
+    if let Outcome::DiedInRedb(how) = outcome {
+        // A service under a supervisor starts again, on what the dead process left.
+        let again = run_child(&spec.replacen("check", "recheck", 1));
+        outcome = Outcome::DiedThen(how, Box::new(again));
+    }
+    if !matches!(
+        &outcome,
+        Outcome::Correct | Outcome::TailLost | Outcome::Refused(_)
+    ) {
+        keep_failed_case(&path, n, &spec, store, journal);
+    }
+    for file in [path.clone(), journal_of(&path), marker_of(&path)] {
+        let _ = std::fs::remove_file(file);
+    }
+    outcome
+}
+
+/// Runs a child with `spec` under the limits, and says how it ended.
+fn run_child(spec: &str) -> Outcome {
+    let exe = std::env::current_exe().unwrap();
     let mut child = Command::new("sh")
         .arg("-c")
         .arg(format!("ulimit -v {MEMORY_LIMIT_KIB} && exec \"$0\""))
         .arg(&exe)
-        .env(CHILD_ENV, &spec)
+        .env(CHILD_ENV, spec)
         .env("RUST_BACKTRACE", "0")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -565,13 +600,7 @@ fn run_case(
         .unwrap()
         .read_to_string(&mut err)
         .unwrap();
-    let outcome = outcome(status, &out, &err);
-    if matches!(outcome, Outcome::Failed(_) | Outcome::DiedInRedb(_)) {
-        keep_failed_case(&path, n, &spec, store, journal);
-    }
-    let _ = std::fs::remove_file(&path);
-    let _ = std::fs::remove_file(journal_of(&path));
-    outcome
+    outcome(status, &out, &err)
 }
 
 /// How a child that ended with `status` (`None`: it hung) and printed `out` and `err` ended.
@@ -635,7 +664,10 @@ struct Tally {
     correct: u64,
     tail_lost: u64,
     refused: BTreeMap<String, u64>,
+    /// Deaths inside redb on a first start, by how.
     died_in_redb: BTreeMap<&'static str, u64>,
+    /// How the second start after each of those ended.
+    second_start: BTreeMap<String, u64>,
     failed: Vec<String>,
 }
 
@@ -671,14 +703,29 @@ fn sweep() {
                     t.cases += 1;
                     let must_refuse = matches!(class, "foreign_journal" | "stale_journal");
                     let page_damage = matches!(class, "page_over_page" | "pointer" | "bit_flip");
+                    // Served right, or refused with a typed error.
+                    let fine = |o: &Outcome| match o {
+                        Outcome::Correct => !must_refuse,
+                        Outcome::TailLost => tail,
+                        Outcome::Refused(_) => class != "none",
+                        _ => false,
+                    };
                     match outcome {
                         Outcome::Correct if !must_refuse => t.correct += 1,
                         Outcome::TailLost if tail => t.tail_lost += 1,
-                        Outcome::DiedInRedb(how) if trusting && page_damage => {
-                            *t.died_in_redb.entry(how).or_default() += 1;
-                        }
                         Outcome::Refused(e) if class != "none" => {
                             *t.refused.entry(e).or_default() += 1;
+                        }
+                        // Trusting, a death inside redb on the first start passes only if the
+                        // second start (which finds the open marker and verifies) serves right
+                        // or refuses typed: no crash loop.
+                        Outcome::DiedThen(how, then) if trusting && page_damage && fine(&then) => {
+                            *t.died_in_redb.entry(how).or_default() += 1;
+                            let second = match *then {
+                                Outcome::Refused(e) => format!("refused: {e}"),
+                                other => format!("{other:?}"),
+                            };
+                            *t.second_start.entry(second).or_default() += 1;
                         }
                         other => t.failed.push(format!(
                             "{class} on {state} (journal {journal_size}, case {case}): {other:?}"
@@ -707,8 +754,9 @@ fn sweep() {
         let died: u64 = t.died_in_redb.values().sum();
         let tail = if died > 0 {
             format!(
-                "{tail}, {died} died inside redb (Trust leaves open) {:?}",
-                t.died_in_redb
+                "{tail}, {died} died inside redb on their first start {:?}, then on their \
+                 second {:?}",
+                t.died_in_redb, t.second_start
             )
         } else {
             tail

@@ -75,3 +75,88 @@ fn heads(path: &Path) -> u64 {
     let heads = txn.open_table(HEADS).unwrap();
     heads.len().unwrap()
 }
+
+/// A store of 40 completed claims, each with a body that names it, closed cleanly.
+fn closed_store(dir: &Path) -> PathBuf {
+    use idemdb::{Claim, Fingerprint, Response, Scope};
+    let path = dir.join("store.idem");
+    let store = Store::open(&path).unwrap();
+    let scope = Scope::new("acme", "POST /v1/charges");
+    for i in 0..40 {
+        let key = format!("k{i:03}");
+        let Claim::Acquired(ticket) = store.claim(&scope, &key, Fingerprint::of(b"x")).unwrap()
+        else {
+            panic!("{key} is new")
+        };
+        let body = format!("charge-body-{i:03}-{}", "x".repeat(200));
+        store.complete(ticket, Response::new(201, body)).unwrap();
+    }
+    drop(store);
+    path
+}
+
+/// Flips one byte of every occurrence of `needle` in the file at `path` (the live page, and
+/// any stale copy of it in free space).
+fn flip(path: &Path, needle: &[u8]) {
+    let mut bytes = std::fs::read(path).unwrap();
+    let at: Vec<usize> = bytes
+        .windows(needle.len())
+        .enumerate()
+        .filter(|(_, w)| *w == needle)
+        .map(|(i, _)| i)
+        .collect();
+    assert!(!at.is_empty(), "the needle is in the file");
+    for i in at {
+        bytes[i] ^= 0x20;
+    }
+    std::fs::write(path, bytes).unwrap();
+}
+
+/// An open that never finished (the process died inside it, as redb does on some damaged
+/// pages) leaves `<store>-opening` behind, and the next open verifies every page before it
+/// trusts any: a file that would kill a trusting open again is refused with a typed error
+/// instead, by the second start at the latest. Here the damage is one that a trusting open does
+/// not read (a stored body), so the difference shows without a dying process: trusted, the
+/// open serves; with the marker, it is refused, and keeps refusing until the file is fixed.
+#[test]
+fn an_open_that_never_finished_makes_the_next_verify_every_page() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = closed_store(dir.path());
+    let marker = dir.path().join("store.idem-opening");
+    assert!(!marker.exists(), "a finished open leaves no marker");
+    flip(&path, b"charge-body-037");
+    // Trusting: the open serves (the damaged body is refused when a request reads it).
+    drop(Store::open(&path).expect("a trusting open reads no body"));
+    assert!(!marker.exists());
+    // As after a death inside an open.
+    std::fs::write(&marker, "opened by process 1\n").unwrap();
+    for _ in 0..2 {
+        match Store::open(&path) {
+            Err(Error::Corrupted { .. }) => {}
+            Err(other) => panic!("refused, but not as damage: {other}"),
+            Ok(_) => panic!("an open after an unfinished one trusted a damaged file"),
+        }
+        assert!(
+            marker.exists(),
+            "a refused open keeps the marker for the next start"
+        );
+    }
+}
+
+/// The marker is gone once an open succeeds, verified or not; an open refused because another
+/// `Store` has the file leaves none, since it says nothing of the file.
+#[test]
+fn the_open_marker_is_removed_by_a_successful_open_and_left_by_none_that_lost_the_lock() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = closed_store(dir.path());
+    let marker = dir.path().join("store.idem-opening");
+    std::fs::write(&marker, "opened by process 1\n").unwrap();
+    let store = Store::open(&path).expect("an undamaged file passes the verification");
+    assert!(!marker.exists(), "a successful open removes the marker");
+    assert!(matches!(Store::open(&path), Err(Error::AlreadyOpen)));
+    assert!(
+        !marker.exists(),
+        "an open that lost the lock leaves no marker"
+    );
+    drop(store);
+}

@@ -16,6 +16,7 @@ pub(crate) mod journal;
 pub(crate) mod layout;
 pub(crate) mod load;
 pub(crate) mod maintenance;
+pub(crate) mod marker;
 pub(crate) mod open;
 pub(crate) mod platform;
 pub(crate) mod read;

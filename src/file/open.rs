@@ -10,6 +10,7 @@ use crate::file::index::Index;
 use crate::file::journal::{self, Journal};
 use crate::file::layout;
 use crate::file::load;
+use crate::file::marker::OpenMarker;
 use crate::file::platform;
 use crate::file::store::FileStore;
 use crate::file::upgrade;
@@ -42,14 +43,19 @@ pub(crate) fn file(config: Config, path: &Path) -> Result<FileStore> {
                 .into(),
         });
     }
-    contain_panics(|| {
+    let marker = OpenMarker::begin(path);
+    let check = verify(&config) || marker.unfinished;
+    if marker.unfinished {
+        config.observer.unfinished_open_found();
+    }
+    let opened = contain_panics(|| {
         let open = |cache, check| -> Result<redb::Database> {
             Ok(redb::Builder::new()
                 .set_cache_size(cache)
                 .set_check_integrity_on_open(check)
                 .create(path)?)
         };
-        let db = Guarded::new(open(SCAN_CACHE_BYTES, verify(&config))?);
+        let db = Guarded::new(open(SCAN_CACHE_BYTES, check)?);
         // Only now, with redb's lock on the store file held, is the journal touched.
         let journal = journal::file::journal_path(path);
         let source = JournalSource {
@@ -58,7 +64,14 @@ pub(crate) fn file(config: Config, path: &Path) -> Result<FileStore> {
             open: Box::new(move || journal::file::open(&journal)),
         };
         start(config, db, file_bytes, Some(&open), Some(source))
-    })
+    });
+    match &opened {
+        Ok(_) => marker.finished(),
+        Err(Error::AlreadyOpen) => marker.abandoned(),
+        // A damaged file, a failing disk: the next open verifies the pages too.
+        Err(_) => {}
+    }
+    opened
 }
 
 /// A store held in memory: no journal, every batch a (memory-)durable redb commit.
