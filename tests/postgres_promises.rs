@@ -597,3 +597,41 @@ fn a_session_the_server_ends_fails_at_most_the_statement_it_was_sent() {
     rt.block_on(admin.batch_execute(&format!("DROP SCHEMA {schema} CASCADE")))
         .unwrap();
 }
+
+/// The statements of reads and maintenance (a get, a count, a reap, a purge, a scan) run on the
+/// pooled connections as tasks. They used to run on the driver directly, so a `FATAL` answer did
+/// not retire the connection as it does on the claim path, and the next task could be sent on
+/// the ended session before its close was read, failing a second caller for one ended session.
+#[test]
+fn a_session_the_server_ends_fails_at_most_the_task_it_was_sent() {
+    let _shared = SERVER.read().unwrap_or_else(|e| e.into_inner());
+    let rt = runtime();
+    let schema = schema("session_ended_tasks");
+    let store = Store::builder()
+        .schema(schema.clone())
+        .pool_size(1)
+        .connect(&url())
+        .unwrap();
+    let fp = Fingerprint::of(b"pay");
+    let t = acquired(store.claim(&scope(), "done", fp));
+    store.complete(t, Response::new(201, "charged")).unwrap();
+    let admin = rt.block_on(outside(&url()));
+    for round in 0..30 {
+        // A task first, so that the pooled session's last statement names the schema.
+        store.record_count().unwrap();
+        rt.block_on(end_sessions_of(&admin, &schema));
+        // Sent while the session ends: it may fail.
+        let _ = store.record_count();
+        // Sent after that failure was answered: on a new connection, every kind of task.
+        let after =
+            |what: &str, ok: bool| assert!(ok, "round {round}: {what} after the ended session");
+        after("count", store.record_count().is_ok());
+        after("get", matches!(store.get(&scope(), "done"), Ok(Some(_))));
+        after("reap", store.reap(|_| idemdb::Resolution::Keep).is_ok());
+        after("purge", store.purge_expired().is_ok());
+        after("scan", store.list(&idemdb::Query::all()).is_ok());
+    }
+    drop(store);
+    rt.block_on(admin.batch_execute(&format!("DROP SCHEMA {schema} CASCADE")))
+        .unwrap();
+}

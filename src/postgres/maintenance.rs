@@ -1,6 +1,7 @@
 //! Reaping stale claims, resolving one, purging expired records, counting the table.
 
 use super::bridge::block;
+use super::pool::{execute, query, query_one};
 use super::rows::{
     db_error, encode_headers, fence_column, fence_of, fingerprint_of, time_of, Target,
 };
@@ -20,7 +21,7 @@ impl PgStore {
     pub(crate) fn record_count(&self) -> Result<u64> {
         let text = schema::qualify(sql::COUNT, &self.shared.schema);
         let count = block(self.shared.task(move |conn| async move {
-            let row = conn.client.query_one(&text, &[]).await.map_err(db_error)?;
+            let row = query_one(&conn, &text, &[]).await.map_err(db_error)?;
             row.try_get::<_, i64>(0).map_err(db_error)
         }))?;
         Ok(u64::try_from(count).unwrap_or_default())
@@ -95,11 +96,13 @@ impl PgStore {
         let owner = self.shared.context.params.owner.clone();
         let incarnation = self.shared.context.params.incarnation;
         self.shared.task(move |conn| async move {
-            let rows = conn
-                .client
-                .query(&text, &[&adjust, &owner, &incarnation, &CHUNK, &after])
-                .await
-                .map_err(db_error)?;
+            let rows = query(
+                &conn,
+                &text,
+                &[&adjust, &owner, &incarnation, &CHUNK, &after],
+            )
+            .await
+            .map_err(db_error)?;
             rows.iter()
                 .map(|r| {
                     let target = Target::from_row(r)?;
@@ -139,39 +142,37 @@ impl PgStore {
             let t = &stale.target;
             let changed = match decision {
                 Resolution::Keep => 0,
-                Resolution::Release => conn
-                    .client
-                    .execute(
-                        &schema::qualify(sql::REAP_RELEASE, &schema),
-                        &[
-                            &t.tenant,
-                            &t.endpoint,
-                            &t.key,
-                            &stale.fence,
-                            &stale.lease_until,
-                        ],
-                    )
-                    .await
-                    .map_err(db_error)?,
-                Resolution::Complete(response) => conn
-                    .client
-                    .execute(
-                        &schema::qualify(sql::REAP_COMPLETE, &schema),
-                        &[
-                            &adjust,
-                            &t.tenant,
-                            &t.endpoint,
-                            &t.key,
-                            &stale.fence,
-                            &stale.lease_until,
-                            &i32::from(response.status),
-                            &encode_headers(&response.headers),
-                            &response.body,
-                            &ttl,
-                        ],
-                    )
-                    .await
-                    .map_err(db_error)?,
+                Resolution::Release => execute(
+                    &conn,
+                    &schema::qualify(sql::REAP_RELEASE, &schema),
+                    &[
+                        &t.tenant,
+                        &t.endpoint,
+                        &t.key,
+                        &stale.fence,
+                        &stale.lease_until,
+                    ],
+                )
+                .await
+                .map_err(db_error)?,
+                Resolution::Complete(response) => execute(
+                    &conn,
+                    &schema::qualify(sql::REAP_COMPLETE, &schema),
+                    &[
+                        &adjust,
+                        &t.tenant,
+                        &t.endpoint,
+                        &t.key,
+                        &stale.fence,
+                        &stale.lease_until,
+                        &i32::from(response.status),
+                        &encode_headers(&response.headers),
+                        &response.body,
+                        &ttl,
+                    ],
+                )
+                .await
+                .map_err(db_error)?,
             };
             Ok(changed == 1)
         })
@@ -183,8 +184,7 @@ impl PgStore {
             let text = schema::qualify(sql::PURGE, &self.shared.schema);
             let adjust = self.shared.adjust();
             let deleted = block(self.shared.task(move |conn| async move {
-                conn.client
-                    .execute(&text, &[&adjust, &CHUNK])
+                execute(&conn, &text, &[&adjust, &CHUNK])
                     .await
                     .map_err(db_error)
             }));

@@ -4,6 +4,7 @@
 
 use super::bridge::{answer, block, blocking};
 use super::clock::CACHE_MARGIN_MS;
+use super::pool::query_one;
 use super::rows::{
     db_error, encode_headers, fence_column, fence_of, fingerprint_of, millis_column, record_row,
     response_of, time_of, ClaimRow, Held, Target,
@@ -339,21 +340,20 @@ impl PgStore {
         let owner = self.shared.context.params.owner.clone();
         let incarnation = self.shared.context.params.incarnation;
         self.shared.task(move |conn| async move {
-            let row = conn
-                .client
-                .query_one(
-                    &conn.get,
-                    &[
-                        &adjust,
-                        &target.tenant,
-                        &target.endpoint,
-                        &target.key,
-                        &owner,
-                        &incarnation,
-                    ],
-                )
-                .await
-                .map_err(db_error)?;
+            let row = query_one(
+                &conn,
+                &conn.get,
+                &[
+                    &adjust,
+                    &target.tenant,
+                    &target.endpoint,
+                    &target.key,
+                    &owner,
+                    &incarnation,
+                ],
+            )
+            .await
+            .map_err(db_error)?;
             record_row(&row)
         })
     }

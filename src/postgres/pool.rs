@@ -13,7 +13,9 @@ use tokio_postgres::{Client, NoTls, Row, Statement};
 
 /// One connection with its prepared statements.
 pub(crate) struct Conn {
-    pub(crate) client: Client,
+    /// Reached only through [`query`], [`query_one`], [`execute`] and [`Conn::transaction`],
+    /// so that every statement's failure can retire the connection.
+    client: Client,
     /// Set when a statement failed in a way that ends the session (see [`Conn::usable`]).
     retired: AtomicBool,
     pub(crate) claim: Statement,
@@ -50,6 +52,13 @@ impl Conn {
         if fatal || e.is_closed() {
             self.retired.store(true, Ordering::Relaxed);
         }
+    }
+
+    /// Starts a transaction on this connection (one the caller owns alone: it is not pooled).
+    pub(crate) async fn transaction(
+        &mut self,
+    ) -> std::result::Result<tokio_postgres::Transaction<'_>, tokio_postgres::Error> {
+        self.client.transaction().await
     }
 
     /// Connects and prepares every hot statement (in one pipeline).
@@ -195,6 +204,22 @@ where
     T: ?Sized + tokio_postgres::ToStatement,
 {
     let result = retrying(|| conn.client.query(statement, params)).await;
+    if let Err(e) = &result {
+        conn.failed(e);
+    }
+    result
+}
+
+/// Runs a statement for its one row, again while it fails without effect.
+pub(crate) async fn query_one<T>(
+    conn: &Conn,
+    statement: &T,
+    params: &[&(dyn ToSql + Sync)],
+) -> std::result::Result<Row, tokio_postgres::Error>
+where
+    T: ?Sized + tokio_postgres::ToStatement,
+{
+    let result = retrying(|| conn.client.query_one(statement, params)).await;
     if let Err(e) = &result {
         conn.failed(e);
     }

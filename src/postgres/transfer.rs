@@ -2,6 +2,7 @@
 //! importing an export (the line format is `crate::model::moved`).
 
 use super::bridge::block;
+use super::pool;
 use super::rows::Held;
 use super::rows::{db_error, encode_headers, fence_column, response_of, Target};
 use super::{schema, PgStore};
@@ -70,22 +71,21 @@ impl PgStore {
                     key: String::new(),
                 });
                 let start = from.key.is_empty();
-                let rows = conn
-                    .client
-                    .query(
-                        &text,
-                        &[
-                            &adjust,
-                            &from.tenant,
-                            &from.endpoint,
-                            &from.key,
-                            &start,
-                            &PAGE,
-                            &expired,
-                        ],
-                    )
-                    .await
-                    .map_err(db_error)?;
+                let rows = pool::query(
+                    &conn,
+                    &text,
+                    &[
+                        &adjust,
+                        &from.tenant,
+                        &from.endpoint,
+                        &from.key,
+                        &start,
+                        &PAGE,
+                        &expired,
+                    ],
+                )
+                .await
+                .map_err(db_error)?;
                 rows.iter()
                     .map(|r| {
                         let target = Target::from_row(r)?;
@@ -162,7 +162,7 @@ impl PgStore {
             let q = |text: &str| schema::qualify(text, &schema_name);
             let mut own = context.pool.connect().await?;
             // Rolled back when dropped uncommitted: on an error or a refusal below.
-            let tx = own.client.transaction().await.map_err(db_error)?;
+            let tx = own.transaction().await.map_err(db_error)?;
             {
                 let occupied = tx
                     .query_opt(&q("SELECT 1 FROM {s}.records LIMIT 1"), &[])
