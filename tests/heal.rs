@@ -524,3 +524,59 @@ fn an_open_never_goes_on_over_pages_a_failed_sync_lost() {
         "no sync of an open failed: the test tests nothing"
     );
 }
+
+/// A heal whose reopen finds the file damaged gives up: no retry can fix that. The store stays
+/// halted, every operation's `Halted` says why, and no attempt follows, even once the disk
+/// works again; what was acknowledged is still in the file, for the operator to verify or
+/// restore.
+#[test]
+fn a_heal_that_finds_the_file_damaged_gives_up_and_says_why() {
+    let disk = SimDisk::new();
+    let store = Store::builder()
+        .heal_after(Some(Duration::from_millis(5)))
+        .open_simulated(&disk)
+        .unwrap();
+    let Claim::Acquired(t) = store.claim(&scope(), "acknowledged", fp()).unwrap() else {
+        panic!("a new key")
+    };
+    let fence = t.fence();
+    store.complete(t, response("acknowledged", fence)).unwrap();
+    disk.fail_sync_after(0, false);
+    assert!(
+        store.claim(&scope(), "lost", fp()).is_err(),
+        "the sync fails"
+    );
+    // What the reopen reads now stands for a damaged page: redb panics on it.
+    disk.panic_on_read();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let cause = loop {
+        match store.claim(&scope(), "during", fp()) {
+            Err(Error::Halted { cause }) if cause.contains("could not be reopened") => break cause,
+            Err(Error::Halted { .. }) => {
+                assert!(Instant::now() < deadline, "the heal never gave up");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            other => panic!("a store whose heal failed must stay halted: {other:?}"),
+        }
+    };
+    assert!(
+        cause.contains("Corrupted") || cause.contains("corrupted"),
+        "{cause}"
+    );
+    disk.clear_faults();
+    std::thread::sleep(Duration::from_millis(300));
+    match store.get(&scope(), "acknowledged") {
+        Err(Error::Halted { cause: again }) => {
+            assert_eq!(again, cause, "no attempt after giving up")
+        }
+        other => panic!("still halted after giving up: {other:?}"),
+    }
+    assert_eq!(store.stats().heals, 0);
+    drop(store);
+    // The file is as the last acknowledged commit left it.
+    let reopened = Store::builder().open_simulated(&disk).unwrap();
+    match reopened.claim(&scope(), "acknowledged", fp()).unwrap() {
+        Claim::Replay(r) => assert_eq!(r, response("acknowledged", fence)),
+        other => panic!("{other:?}"),
+    }
+}
