@@ -9,7 +9,7 @@ use idemdb::{Claim, Error, Fingerprint, Response, Scope, Store};
 use std::io::BufReader;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 const CHILD_ENV: &str = "IDEMDB_IMPORT_CHILD";
 /// Records in the export: enough that an import takes a while to kill it in the middle of.
