@@ -28,10 +28,12 @@
 //! (from the open or from a claim) is an acceptable outcome, except for `none`; for
 //! `foreign_journal` and `stale_journal` it is the only acceptable one. With the default
 //! `PageCheck::Trust`, a child that died inside redb on damaged store pages (an abort from a
-//! panic during redb's own unwinding, a stack overflow, an allocation past the limit) is started
-//! again on the files it left, as a supervisor would: the case passes only if that second start
-//! serves right or refuses typed (no crash loop), and the deaths on first start are counted
-//! apart. Verifying, a death is a failure.
+//! panic during redb's own unwinding, a stack overflow, an allocation past the limit) while
+//! opening the store is started again on the files it left, as a supervisor would: the case
+//! passes only if that second start serves right or refuses typed (no crash loop), and the
+//! deaths on first start are counted apart. A child that died after its open succeeded (it
+//! prints `OPENED` first), in a read, is what the open marker does not cover: counted apart as
+//! such. Verifying, a death is a failure.
 //! `IDEMDB_DAMAGE_KEEP=<dir>` keeps each failed case's files and child spec.
 //!
 //! `IDEMDB_DAMAGE_CASES` sets the cases per (state, journal size, class): 2 by default (about 150
@@ -185,6 +187,10 @@ fn check(path: &Path, lives: u64, journal: u64, tail: bool, again: bool) -> Stri
         Ok(store) => store,
         Err(e) => return format!("ERR {}", variant(&e)),
     };
+    // Tells the parent, should this process die from here on, that it died serving, not
+    // opening.
+    println!("OPENED");
+    std::io::stdout().flush().unwrap();
     let mut tail_lost = false;
     for i in 0..lives * KEYS {
         let got = match store.claim(&scope(i), &key(i), fingerprint(i)) {
@@ -494,9 +500,12 @@ enum Outcome {
     /// "Damaged and mismatched files"); only allowed for damage to the store file's pages, in
     /// Trust mode.
     DiedInRedb(&'static str),
-    /// It died inside redb on its first start; the second start, on the files the first left
-    /// (with its open marker), ended so.
+    /// It died inside redb while opening the store; the second start, on the files the first
+    /// left (with its open marker), ended so.
     DiedThen(&'static str, Box<Outcome>),
+    /// It died inside redb after the open had succeeded, in a read: no marker covers that, and
+    /// a second start would trust the pages again (`docs/design.md`, "No crash loop").
+    DiedServing(&'static str),
     Failed(String),
 }
 
@@ -620,6 +629,9 @@ fn outcome(status: Option<std::process::ExitStatus>, out: &str, err: &str) -> Ou
     }
     let signal = std::os::unix::process::ExitStatusExt::signal(&status);
     if let Some(how) = died_in_redb(signal, err) {
+        if out.lines().any(|l| l == "OPENED") {
+            return Outcome::DiedServing(how);
+        }
         return Outcome::DiedInRedb(how);
     }
     let why = if let Some(signal) = signal {
@@ -668,6 +680,8 @@ struct Tally {
     died_in_redb: BTreeMap<&'static str, u64>,
     /// How the second start after each of those ended.
     second_start: BTreeMap<String, u64>,
+    /// Deaths inside redb after a successful open, by how.
+    died_serving: BTreeMap<&'static str, u64>,
     failed: Vec<String>,
 }
 
@@ -719,6 +733,11 @@ fn sweep() {
                         // Trusting, a death inside redb on the first start passes only if the
                         // second start (which finds the open marker and verifies) serves right
                         // or refuses typed: no crash loop.
+                        // A death after a successful open is what the marker does not cover:
+                        // counted apart, allowed trusting, for page damage.
+                        Outcome::DiedServing(how) if trusting && page_damage => {
+                            *t.died_serving.entry(how).or_default() += 1;
+                        }
                         Outcome::DiedThen(how, then) if trusting && page_damage && fine(&then) => {
                             *t.died_in_redb.entry(how).or_default() += 1;
                             let second = match *then {
@@ -754,9 +773,18 @@ fn sweep() {
         let died: u64 = t.died_in_redb.values().sum();
         let tail = if died > 0 {
             format!(
-                "{tail}, {died} died inside redb on their first start {:?}, then on their \
-                 second {:?}",
+                "{tail}, {died} died inside redb opening on their first start {:?}, then on \
+                 their second {:?}",
                 t.died_in_redb, t.second_start
+            )
+        } else {
+            tail
+        };
+        let serving: u64 = t.died_serving.values().sum();
+        let tail = if serving > 0 {
+            format!(
+                "{tail}, {serving} died inside redb serving, after the open (not covered) {:?}",
+                t.died_serving
             )
         } else {
             tail
