@@ -578,10 +578,54 @@ impl Store {
         query: &Query,
         each: impl FnMut(ListedRecord) -> ControlFlow<()>,
     ) -> Result<u64> {
+        self.scan_with(query, None, each)
+    }
+
+    /// [`Store::scan`] past damage, to learn what a damaged store still holds: a record that
+    /// fails its checks, or whose page cannot be read, goes to `damaged` as the
+    /// [`crate::Error::Corrupted`] naming it (by fence and key, or by fence alone when its page
+    /// hides its key), and the scan goes on. `each` gets every record that can be read; the
+    /// count returned is theirs. What `idemdb verify` lists and `idemdb export --past-damage`
+    /// carries into a new store.
+    ///
+    /// ```
+    /// use idemdb::{Claim, Fingerprint, Query, Response, Scope, Store};
+    /// use std::ops::ControlFlow;
+    /// let store = Store::in_memory()?;
+    /// let scope = Scope::new("t", "POST /x");
+    /// let Claim::Acquired(t) = store.claim(&scope, "k", Fingerprint::of(b"x"))? else { panic!() };
+    /// store.complete(t, Response::new(201, "ok"))?;
+    /// let mut damaged = Vec::new();
+    /// let intact = store.scan_past_damage(&Query::all(), |_| ControlFlow::Continue(()), |e| damaged.push(e))?;
+    /// assert_eq!((intact, damaged.len()), (1, 0));
+    /// # Ok::<(), idemdb::Error>(())
+    /// ```
+    ///
+    /// # Concurrency
+    /// As [`Store::scan`].
+    ///
+    /// # Errors
+    /// As [`Store::scan`], except for damage to single records: [`crate::Error::Halted`], an
+    /// I/O error, or on PostgreSQL [`crate::Error::Database`], end the scan.
+    pub fn scan_past_damage(
+        &self,
+        query: &Query,
+        each: impl FnMut(ListedRecord) -> ControlFlow<()>,
+        mut damaged: impl FnMut(Error),
+    ) -> Result<u64> {
+        self.scan_with(query, Some(&mut damaged), each)
+    }
+
+    fn scan_with(
+        &self,
+        query: &Query,
+        past_damage: crate::model::report::PastDamage<'_>,
+        each: impl FnMut(ListedRecord) -> ControlFlow<()>,
+    ) -> Result<u64> {
         let mut handed = 0;
         let mut filter = crate::model::listing::filtered(query, each, &mut handed);
         if query.max_records() > 0 {
-            dispatch!(&self.engine, e => e.scan_each(query, &mut filter))?;
+            dispatch!(&self.engine, e => e.scan_each(query, past_damage, &mut filter))?;
         }
         drop(filter);
         Ok(handed)
@@ -615,7 +659,32 @@ impl Store {
     /// [`crate::Error::Io`] if `out` fails; the store's read errors
     /// ([`crate::Error::Corrupted`], [`crate::Error::Halted`], [`crate::Error::Database`]).
     #[cfg(feature = "export")]
-    pub fn export(&self, mut out: impl std::io::Write) -> Result<u64> {
+    pub fn export(&self, out: impl std::io::Write) -> Result<u64> {
+        self.export_with(out, None)
+    }
+
+    /// [`Store::export`] past damage: every live record that can be read is written, and each
+    /// that cannot goes to `damaged`, as [`Store::scan_past_damage`] hands it over. The way
+    /// to carry what a damaged store still holds into a new one (then
+    /// [`crate::StoreBuilder::import_new`]). Returns how many records it wrote.
+    ///
+    /// # Errors
+    /// As [`Store::export`], except for damage to single records.
+    #[cfg(feature = "export")]
+    pub fn export_past_damage(
+        &self,
+        out: impl std::io::Write,
+        mut damaged: impl FnMut(Error),
+    ) -> Result<u64> {
+        self.export_with(out, Some(&mut damaged))
+    }
+
+    #[cfg(feature = "export")]
+    fn export_with(
+        &self,
+        mut out: impl std::io::Write,
+        past_damage: crate::model::report::PastDamage<'_>,
+    ) -> Result<u64> {
         use crate::model::listing::RecordStatus;
         let live = Query::all()
             .status(RecordStatus::InProgress)
@@ -623,7 +692,7 @@ impl Store {
             .status(RecordStatus::Orphan)
             .status(RecordStatus::Completed);
         let (mut exported, mut failed) = (0, None);
-        dispatch!(&self.engine, e => e.scan_each(&live, |moved, _, _| {
+        dispatch!(&self.engine, e => e.scan_each(&live, past_damage, |moved, _, _| {
             match writeln!(out, "{}", moved.to_line()) {
                 Ok(()) => {
                     exported += 1;

@@ -46,7 +46,7 @@ enum Command {
     /// full; report what is damaged.
     Verify(Store),
     /// Write every live record to standard output, one JSON line each.
-    Export(Store),
+    Export(transfer::ExportArgs),
     /// Read an export from standard input into a new store file or an empty PostgreSQL store.
     Import(Store),
 }
@@ -69,7 +69,7 @@ fn main() -> ExitCode {
         Command::Resolve(a) => resolve::resolve(&target(a.store()), a, &out),
         Command::Purge(s) => maintain::purge(&target(&s.store), &out),
         Command::Verify(s) => maintain::verify(&target(&s.store), &out),
-        Command::Export(s) => transfer::export(&target(&s.store), &out),
+        Command::Export(s) => transfer::export(&target(s.store()), s, &out),
         Command::Import(s) => transfer::import(&target(&s.store), &out),
     };
     match result {

@@ -22,37 +22,59 @@ pub(crate) fn purge(target: &Target, out: &Out) -> Outcome {
     Ok(())
 }
 
-/// Opens the store with every check its open makes, then reads every record in full.
+/// Opens the store with every check its open makes, then reads every record in full. On
+/// damage, it lists every damaged record it can find, not the first: a trusting open reads past
+/// the pages the verified one refused.
 pub(crate) fn verify(target: &Target, out: &Out) -> Outcome {
     let started = Instant::now();
     let store = match target.open_verified(out) {
         Ok(store) => store,
-        Err(f) if f.exit == Exit::Damaged => return damaged(out, "open", &f.message),
+        Err(f) if f.exit == Exit::Damaged => {
+            let records = match target.open_past_damage(out) {
+                Ok(store) => damaged_records(&store, out),
+                // The pages it needs to find any record are damaged too.
+                Err(_) => Vec::new(),
+            };
+            return damaged(out, "open", &f.message, &records);
+        }
         Err(f) => return Err(f),
     };
     let opened = started.elapsed();
     // A file's index count is free (and checked below); PostgreSQL's is a count of the table.
     let indexed = store.record_count()?;
     let bar = out.progress("verifying", (indexed > 0).then_some(indexed));
-    let read = store.scan(&Query::all(), |_| {
-        bar.inc(1);
-        ControlFlow::Continue(())
-    });
+    let mut records = Vec::new();
+    let read = store.scan_past_damage(
+        &Query::all(),
+        |_| {
+            bar.inc(1);
+            ControlFlow::Continue(())
+        },
+        |e| records.push(e.to_string()),
+    );
     bar.finish_and_clear();
     let read = match read {
         Ok(n) => n,
         Err(e) => {
             let f = Failure::from(e);
             if f.exit == Exit::Damaged {
-                return damaged(out, "read", &f.message);
+                return damaged(out, "read", &f.message, &records);
             }
             return Err(f);
         }
     };
+    if !records.is_empty() {
+        let what = format!(
+            "{} of {indexed} records are damaged: {}",
+            records.len(),
+            records.join("; ")
+        );
+        return damaged(out, "read", &what, &records);
+    }
     if target.path().is_some() && read != indexed {
         let why =
             format!("the index built at open holds {indexed} records, but {read} were read back");
-        return damaged(out, "read", &why);
+        return damaged(out, "read", &why, &records);
     }
     let took = started.elapsed();
     let checks: &[&str] = if target.path().is_some() {
@@ -84,17 +106,39 @@ pub(crate) fn verify(target: &Target, out: &Out) -> Outcome {
     Ok(())
 }
 
-/// Reports damage found at `stage`, and exits with [`Exit::Damaged`].
-fn damaged(out: &Out, stage: &str, what: &str) -> Outcome {
+/// Every damaged record a (trusting) store can name, each as its error's text.
+fn damaged_records(store: &idemdb::Store, out: &Out) -> Vec<String> {
+    let bar = out.spinner("listing damaged records");
+    let mut records = Vec::new();
+    let _ = store.scan_past_damage(
+        &Query::all(),
+        |_| ControlFlow::Continue(()),
+        |e| records.push(e.to_string()),
+    );
+    bar.finish_and_clear();
+    records
+}
+
+/// Reports damage found at `stage`, with every damaged record found (`records`), and exits
+/// with [`Exit::Damaged`].
+fn damaged(out: &Out, stage: &str, what: &str, records: &[String]) -> Outcome {
     if out.json {
-        out.json(
-            &json!({ "ok": false, "stage": stage, "damage": what, "exit": Exit::Damaged as u8 }),
-        );
+        out.json(&json!({
+            "ok": false, "stage": stage, "damage": what, "damaged_records": records,
+            "exit": Exit::Damaged as u8,
+        }));
     } else {
         println!("DAMAGED ({stage}): {what}");
+        if !records.is_empty() {
+            println!("{} damaged records:", records.len());
+            for r in records {
+                println!("  {r}");
+            }
+        }
         println!(
             "The store refuses to serve rather than forget a payment. Restore the store file \
-             and its journal together from a backup, or export what a copy still reads."
+             and its journal together from a backup, or carry every intact record into a new \
+             store: `idemdb export --past-damage STORE | idemdb import NEW`."
         );
     }
     Err(Failure::new(Exit::Damaged, format!("verify found damage: {what}")).reported())

@@ -36,6 +36,29 @@ impl Target {
         self.open_checking(out, PageCheck::Verify)
     }
 
+    /// [`Target::open`] even after an open of the file that never finished: to read what a
+    /// damaged store still holds. Such an open leaves a marker that makes the next open verify
+    /// every page (and refuse a damaged file); this one trusts the pages anyway, and puts the
+    /// marker back afterwards, so a service's next start still verifies.
+    pub(crate) fn open_past_damage(&self, out: &Out) -> Result<Store, Failure> {
+        let marker = self.path().map(|path| {
+            let mut name = path.as_os_str().to_owned();
+            name.push("-opening");
+            std::path::PathBuf::from(name)
+        });
+        let kept = marker
+            .as_ref()
+            .and_then(|m| std::fs::read(m).ok().map(|bytes| (m.clone(), bytes)));
+        if let Some((marker, _)) = &kept {
+            let _ = std::fs::remove_file(marker);
+        }
+        let opened = self.open_checking(out, PageCheck::Trust);
+        if let Some((marker, bytes)) = kept {
+            let _ = std::fs::write(marker, bytes);
+        }
+        opened
+    }
+
     fn open_checking(&self, out: &Out, check: PageCheck) -> Result<Store, Failure> {
         let spinner = out.spinner("opening");
         let opened = self.open_quietly(check);

@@ -7,9 +7,30 @@ use serde_json::json;
 use std::io::{BufReader, BufWriter, Read, Write};
 use std::time::Instant;
 
-pub(crate) fn export(target: &Target, out: &Out) -> Outcome {
+#[derive(Debug, clap::Args)]
+pub(crate) struct ExportArgs {
+    /// A store file, or a postgres:// URL.
+    store: String,
+    /// Read a damaged store past its damage: export every record that can be read, name each
+    /// that cannot on standard error, and exit 5 if any could not. What `idemdb verify`
+    /// suggests after it found damage.
+    #[arg(long)]
+    past_damage: bool,
+}
+
+impl ExportArgs {
+    pub(crate) fn store(&self) -> &str {
+        &self.store
+    }
+}
+
+pub(crate) fn export(target: &Target, args: &ExportArgs, out: &Out) -> Outcome {
     let started = Instant::now();
-    let store = target.open(out)?;
+    let store = if args.past_damage {
+        target.open_past_damage(out)?
+    } else {
+        target.open(out)?
+    };
     // A count for the progress bar; on PostgreSQL a count of the table, done once.
     let total = store.record_count().ok().filter(|&n| n > 0);
     let bar = out.progress("exporting", total);
@@ -17,9 +38,23 @@ pub(crate) fn export(target: &Target, out: &Out) -> Outcome {
         inner: BufWriter::with_capacity(1 << 20, std::io::stdout().lock()),
         bar: &bar,
     };
-    let exported = store.export(lines)?;
+    let mut damaged = 0u64;
+    let exported = if args.past_damage {
+        store.export_past_damage(lines, |e| {
+            damaged += 1;
+            eprintln!("left out: {e}");
+        })?
+    } else {
+        store.export(lines)?
+    };
     bar.finish_and_clear();
     summary(out, "exported", exported, started);
+    if damaged > 0 {
+        return Err(Failure::new(
+            Exit::Damaged,
+            format!("{damaged} damaged records could not be read and were left out"),
+        ));
+    }
     Ok(())
 }
 

@@ -1,13 +1,14 @@
 //! Reading the file engine's records one by one: [`crate::Store::scan`] and the export.
 
 use crate::clock::to_millis;
-use crate::error::Result;
+use crate::error::{Damaged, Error, Result};
 use crate::file::index::{KeyHash, Slot, SlotState};
 use crate::file::read;
 use crate::file::record::RecordState;
 use crate::file::store::FileStore;
 use crate::model::listing::{Query, RecordStatus};
 use crate::model::moved::{Moved, MovedState};
+use crate::model::report::PastDamage;
 use crate::model::response::Response;
 use crate::model::scope::split_scoped_key;
 use std::ops::ControlFlow;
@@ -32,9 +33,14 @@ impl FileStore {
     /// read once every queued write landed; each chunk of records is then read in one
     /// snapshot, and a record that changed meanwhile is handed over as it was read, or left
     /// out if it is gone (or its completion is not yet in the file).
+    ///
+    /// With `past_damage`, a chunk that cannot be read is read again a record at a time, and
+    /// each record that fails its checks, or whose page cannot be read, goes to it instead of
+    /// ending the scan.
     pub(crate) fn scan_each(
         &self,
         query: &Query,
+        mut past_damage: PastDamage<'_>,
         mut each: impl FnMut(Moved, bool, u64) -> ControlFlow<()>,
     ) -> Result<()> {
         let inner = &*self.inner;
@@ -52,9 +58,17 @@ impl FileStore {
         }
         wanted.sort_unstable_by_key(|(_, slot)| slot.fence());
         for chunk in wanted.chunks(CHUNK) {
-            let records = inner
-                .pipeline
-                .read(|db| read::read_many(db, chunk.iter().map(|(_, s)| s.fence())))?;
+            let fences = chunk.iter().map(|(_, s)| s.fence());
+            let records = match (
+                inner.pipeline.read(|db| read::read_many(db, fences)),
+                &mut past_damage,
+            ) {
+                (Ok(records), _) => records,
+                (Err(Error::Corrupted { .. }), Some(damaged)) => {
+                    self.read_one_by_one(chunk.iter().map(|(_, s)| s.fence()), damaged)?
+                }
+                (Err(e), _) => return Err(e),
+            };
             for ((hash, slot), read) in chunk.iter().zip(records) {
                 let Some((key, record)) = read else {
                     continue; // deleted since the index was read
@@ -107,5 +121,48 @@ impl FileStore {
             }
         }
         Ok(())
+    }
+
+    /// Reads the records at `fences` one at a time, each in its own snapshot; one that cannot
+    /// be read is handed to `damaged` (named by its fence when its page hides its key) and
+    /// left out.
+    fn read_one_by_one(
+        &self,
+        fences: impl Iterator<Item = u64>,
+        damaged: &mut &mut dyn FnMut(Error),
+    ) -> Result<Vec<Option<read::Keyed>>> {
+        let mut out = Vec::new();
+        for fence in fences {
+            out.push(
+                match self.inner.pipeline.read(|db| read::read_at(db, fence)) {
+                    Ok(read) => read,
+                    Err(Error::Corrupted {
+                        damaged: Damaged::Record { fence: at, key },
+                        reason,
+                    }) => {
+                        damaged(Error::Corrupted {
+                            damaged: Damaged::Record {
+                                fence: at.or(Some(fence)),
+                                key,
+                            },
+                            reason,
+                        });
+                        None
+                    }
+                    Err(Error::Corrupted { reason, .. }) => {
+                        damaged(Error::Corrupted {
+                            damaged: Damaged::Record {
+                                fence: Some(fence),
+                                key: None,
+                            },
+                            reason: format!("its page cannot be read: {reason}"),
+                        });
+                        None
+                    }
+                    Err(e) => return Err(e),
+                },
+            );
+        }
+        Ok(out)
     }
 }

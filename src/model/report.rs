@@ -14,6 +14,10 @@ pub(crate) struct EngineFigures {
     pub(crate) heals: u64,
 }
 
+/// Where a scan that reads past damage hands each record it could not read (the
+/// `Error::Corrupted` naming it); `None`: the first such record ends the scan with its error.
+pub(crate) type PastDamage<'a> = Option<&'a mut dyn FnMut(Error)>;
+
 /// What a reap or a purge did: how many records it resolved or deleted, and the error that
 /// stopped it, if one did. A reap that the seam's check stopped (an oversize response from the
 /// resolver) counts what it resolved before, which stays resolved; an engine that fails counts

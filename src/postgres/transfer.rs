@@ -10,6 +10,7 @@ use crate::error::{Error, Result};
 use crate::model::fingerprint::Fingerprint;
 use crate::model::listing::{Query, RecordStatus};
 use crate::model::moved::{Moved, MovedState};
+use crate::model::report::PastDamage;
 use crate::model::scope::scoped_key;
 use std::ops::ControlFlow;
 
@@ -56,6 +57,7 @@ impl PgStore {
     pub(crate) fn scan_each(
         &self,
         query: &Query,
+        mut past_damage: PastDamage<'_>,
         mut each: impl FnMut(Moved, bool, u64) -> ControlFlow<()>,
     ) -> Result<()> {
         let text = schema::qualify(SCAN, &self.shared.schema);
@@ -110,35 +112,14 @@ impl PgStore {
             }))?;
             let full = i64::try_from(rows.len()).unwrap_or(i64::MAX) >= PAGE;
             for (target, held, completed_at, orphan, now) in rows {
-                let scope = target.scope();
-                let scoped = scoped_key(&scope, &target.key)?;
-                let state = if held.completed {
-                    MovedState::Completed {
-                        completed_at: value(completed_at.unwrap_or_default()),
-                        expires_at: value(held.expires_at.unwrap_or_default()),
-                        response: response_of(&scoped, &held)?,
+                let moved = match (moved(&target, &held, completed_at), &mut past_damage) {
+                    (Ok(moved), _) => moved,
+                    (Err(e @ Error::Corrupted { .. }), Some(damaged)) => {
+                        damaged(e);
+                        after = Some(target);
+                        continue;
                     }
-                } else {
-                    MovedState::InProgress {
-                        lease_until: value(held.lease_until.unwrap_or_default()),
-                    }
-                };
-                let fingerprint = <[u8; 32]>::try_from(held.fingerprint.as_slice())
-                    .map(Fingerprint::from_bytes)
-                    .map_err(|_| Error::Corrupted {
-                        damaged: crate::error::Damaged::Record {
-                            fence: Some(value(held.fence)),
-                            key: Some(target.key.clone()),
-                        },
-                        reason: "its fingerprint is not 32 bytes".into(),
-                    })?;
-                let moved = Moved {
-                    key: target.key.clone(),
-                    scope,
-                    fence: value(held.fence),
-                    fingerprint,
-                    claimed_at: value(held.claimed_at),
-                    state,
+                    (Err(e), _) => return Err(e),
                 };
                 if each(moved, orphan, now).is_break() {
                     return Ok(());
@@ -211,6 +192,40 @@ impl PgStore {
             Ok(count)
         }))
     }
+}
+
+/// The record a scanned row holds, decoded and checked.
+fn moved(target: &Target, held: &Held, completed_at: Option<i64>) -> Result<Moved> {
+    let scope = target.scope();
+    let scoped = scoped_key(&scope, &target.key)?;
+    let state = if held.completed {
+        MovedState::Completed {
+            completed_at: value(completed_at.unwrap_or_default()),
+            expires_at: value(held.expires_at.unwrap_or_default()),
+            response: response_of(&scoped, held)?,
+        }
+    } else {
+        MovedState::InProgress {
+            lease_until: value(held.lease_until.unwrap_or_default()),
+        }
+    };
+    let fingerprint = <[u8; 32]>::try_from(held.fingerprint.as_slice())
+        .map(Fingerprint::from_bytes)
+        .map_err(|_| Error::Corrupted {
+            damaged: crate::error::Damaged::Record {
+                fence: Some(value(held.fence)),
+                key: Some(target.key.clone()),
+            },
+            reason: "its fingerprint is not 32 bytes".into(),
+        })?;
+    Ok(Moved {
+        key: target.key.clone(),
+        scope,
+        fence: value(held.fence),
+        fingerprint,
+        claimed_at: value(held.claimed_at),
+        state,
+    })
 }
 
 /// A page of records as the import statement's arrays.
