@@ -151,6 +151,24 @@ impl StoreBuilder {
         self
     }
 
+    /// The disk space a store file keeps for its recovery (a file store only): a file
+    /// `<path>-reserve` of this many allocated bytes, which an open that finds the filesystem
+    /// short of it deletes, so that replaying the journal and checkpointing it always fit. Claims
+    /// that would write a record are refused with [`crate::Error::DiskFull`] (HTTP: 503 with
+    /// `Retry-After`) while the reserve is missing or less than this much is free beside it,
+    /// before the disk fills and the store halts; they succeed again, without a restart, once
+    /// twice this much is free (the reserve is then made anew). Everything else goes on:
+    /// replays, completions, releases, purges.
+    ///
+    /// Default: three times the journal's size (48 MiB with the default journal), at least
+    /// 4 MiB; one epoch of the journal has needed at most 2.04 times its size in new blocks
+    /// (`docs/design.md`, "A full disk"). `0` turns the reserve and the refusals off: a full
+    /// disk then halts the store, and its recovery needs whatever space frees up.
+    pub fn reserve_size(mut self, bytes: u64) -> Self {
+        self.config.reserve_bytes = Some(bytes);
+        self
+    }
+
     /// Memory for recently replayed responses, so repeated retries of one key read its record
     /// from the file (or the database) once. Default: 8 MiB; 0 turns it off. Responses larger
     /// than a 64th of it are never cached. On PostgreSQL a cached response is replayed without

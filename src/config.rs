@@ -70,6 +70,8 @@ pub(crate) struct Config {
     pub(crate) cache_bytes: usize,
     /// `None`: the default for the medium (see `file/open.rs`).
     pub(crate) journal_bytes: Option<u64>,
+    /// The reserve file's size; `None`: [`crate::file::space::RESERVE_PER_JOURNAL`] journals.
+    pub(crate) reserve_bytes: Option<u64>,
     pub(crate) replay_cache_bytes: usize,
     pub(crate) page_check: PageCheck,
     pub(crate) clock: Arc<dyn Clock>,
@@ -120,6 +122,7 @@ impl Default for Config {
             stripes: 64,
             cache_bytes: DEFAULT_CACHE_BYTES,
             journal_bytes: None,
+            reserve_bytes: None,
             replay_cache_bytes: 8 << 20,
             page_check: PageCheck::Trust,
             clock: Arc::new(SystemClock),

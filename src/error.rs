@@ -144,6 +144,17 @@ pub enum Error {
         /// The limit.
         limit: u64,
     },
+    /// A claim that would write a record was refused because the filesystem holding the store
+    /// file has too little free space: less than the reserve for recovery and room for the next
+    /// checkpoint ([`crate::StoreBuilder::reserve_size`]). Nothing was stored; replays,
+    /// completions, releases and purges go on, and claims succeed again, without a restart,
+    /// once space is freed. The HTTP layer answers 503 with `Retry-After`.
+    DiskFull {
+        /// The bytes free when it was last measured.
+        available: u64,
+        /// The bytes free that claims need.
+        needed: u64,
+    },
     /// The engine does not offer a setting the store was built with (`what` names it).
     Unsupported {
         /// The setting, and where it is not offered.
@@ -396,6 +407,13 @@ impl fmt::Display for Error {
                 "the store's records fill {bytes} of the {limit} bytes it may hold \
                  (max_store_bytes); nothing was stored: purge expired records, or raise the \
                  limit if the disk has room"
+            ),
+            Error::DiskFull { available, needed } => write!(
+                f,
+                "the filesystem holding the store has {available} bytes free, short of the \
+                 {needed} it keeps for its recovery and its next checkpoint (reserve_size); \
+                 nothing was stored: replays and completions go on, and claims succeed again, \
+                 without a restart, once space is freed"
             ),
             Error::Unsupported { what } => write!(f, "not supported: {what}"),
             Error::ResultEncoding {

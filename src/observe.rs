@@ -207,6 +207,20 @@ impl Observer {
         self.meters.census(in_progress, completed);
     }
 
+    /// An open found less free space than its recovery may need and released the reserve.
+    pub(crate) fn reserve_released(&self, bytes: u64) {
+        #[cfg(feature = "tracing")]
+        tracing::warn!(
+            target: "idemdb",
+            store = self.name(),
+            bytes,
+            "the filesystem is short of the space recovery may need: the reserve is released \
+             for it, and claims are refused (DiskFull) until space is freed"
+        );
+        #[cfg(not(feature = "tracing"))]
+        let _ = bytes;
+    }
+
     /// An open found the marker of an earlier open that never finished: it verifies every page
     /// before trusting any.
     pub(crate) fn unfinished_open_found(&self) {

@@ -48,6 +48,11 @@ pub struct Stats {
     /// Times the store reopened itself after a failed write or sync had halted it
     /// ([`crate::StoreBuilder::heal_after`]); always 0 on PostgreSQL.
     pub heals: u64,
+    /// Whether claims that would write a record are refused now with
+    /// [`crate::Error::DiskFull`]: at the last measurement, the filesystem had less free space
+    /// than the store keeps for its recovery and its next checkpoint
+    /// ([`crate::StoreBuilder::reserve_size`]). Always `false` on PostgreSQL.
+    pub disk_full: bool,
 }
 
 /// The answers the store gave, counted once above the engines: the observer classifies every
@@ -89,6 +94,7 @@ impl Counters {
             live_records: engine.live_records,
             stored_bytes: engine.stored_bytes,
             heals: engine.heals,
+            disk_full: engine.disk_full,
         }
     }
 }

@@ -8,8 +8,8 @@
 //!   fenced off (`LeaseLost`), and the healed file survives a power loss and a reopen;
 //! - a batch whose sync failed is gone after the heal, not read back from the page cache the
 //!   failed sync left behind (the cache drop);
-//! - on a real, full filesystem (a size-limited tmpfs; needs root, run by `.ci/run`): claims fail
-//!   while it is full, and succeed again, without a restart, once space is freed.
+//!
+//! A real full filesystem (a size-limited tmpfs) is `tests/full_disk.rs`.
 
 use idemdb::simulation::{CrashImage, SimDisk, SplitMix64};
 use idemdb::{Claim, EntryState, Error, Fingerprint, Response, Scope, Store, Ticket};
@@ -349,128 +349,6 @@ fn a_store_told_not_to_heal_stays_halted() {
         Err(Error::Halted { .. })
     ));
     assert_eq!(store.stats().heals, 0);
-}
-
-/// A tmpfs of a fixed size mounted on a directory, unmounted when dropped.
-struct Tmpfs(std::path::PathBuf);
-
-impl Tmpfs {
-    fn mount(dir: &std::path::Path, size: &str) -> Tmpfs {
-        let status = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(dir)
-            .status()
-            .expect("run mount");
-        assert!(
-            status.success(),
-            "mount -t tmpfs failed: this test needs root (.ci/run runs it as root)"
-        );
-        Tmpfs(dir.to_owned())
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount")
-            .arg("-l")
-            .arg(&self.0)
-            .status();
-    }
-}
-
-/// Writes `path` until the filesystem refuses (ENOSPC).
-fn fill(path: &std::path::Path) {
-    use std::io::Write;
-    let mut f = std::fs::File::create(path).unwrap();
-    let chunk = vec![0xa5u8; 64 << 10];
-    loop {
-        if let Err(e) = f.write_all(&chunk).and_then(|()| f.sync_all()) {
-            assert_eq!(e.raw_os_error(), Some(28), "filling: {e}"); // ENOSPC
-            return;
-        }
-    }
-}
-
-/// A real full filesystem: claims and completions fail with typed errors while it is full,
-/// and once space is freed the same `Store` serves again, without a restart, with everything
-/// it acknowledged.
-#[test]
-#[ignore = "mounts a tmpfs, so it needs root: .ci/run runs it"]
-fn a_full_filesystem_fails_claims_then_the_store_heals_without_a_restart() {
-    let dir = tempfile::tempdir().unwrap();
-    let _fs = Tmpfs::mount(dir.path(), "8m");
-    let store = Store::builder()
-        .journal_size(256 << 10)
-        .heal_after(Some(Duration::from_millis(20)))
-        .open(dir.path().join("payments.idem"))
-        .unwrap();
-    let body = |key: &str| Response::new(201, format!("{key}:").repeat(2000));
-    let mut acknowledged = Vec::new();
-    let mut pay = |key: String| -> idemdb::Result<()> {
-        match store.claim(&scope(), &key, fp())? {
-            Claim::Acquired(t) => {
-                store.complete(t, body(&key))?;
-                acknowledged.push(key);
-                Ok(())
-            }
-            other => panic!("{key}: {other:?}"),
-        }
-    };
-    for i in 0..20 {
-        pay(format!("before-{i}")).unwrap();
-    }
-    let filler = dir.path().join("filler");
-    fill(&filler);
-    let mut errors = Vec::new();
-    for i in 0..400 {
-        if let Err(e) = pay(format!("full-{i}")) {
-            errors.push(e);
-        }
-        if errors.len() >= 20 {
-            break;
-        }
-    }
-    assert!(!errors.is_empty(), "nothing failed on a full filesystem");
-    for e in &errors {
-        assert!(
-            matches!(e, Error::Io(_) | Error::Halted { .. }),
-            "a full filesystem answered {e:?}"
-        );
-    }
-    let heals_while_full = store.stats().heals;
-
-    std::fs::remove_file(&filler).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    for attempt in 0.. {
-        match pay(format!("after-{attempt}")) {
-            Ok(()) => break,
-            Err(Error::Halted { .. } | Error::Io(_)) => {}
-            Err(e) => panic!("after space was freed: {e:?}"),
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the store did not heal within 20 s"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    for i in 0..20 {
-        pay(format!("then-{i}")).unwrap();
-    }
-    for key in &acknowledged {
-        match store.claim(&scope(), key, fp()).unwrap() {
-            Claim::Replay(r) => assert_eq!(r, body(key), "{key}"),
-            other => panic!("{key}, acknowledged: {other:?}"),
-        }
-    }
-    let heals = store.stats().heals;
-    assert!(heals > heals_while_full, "served again without a heal?");
-    println!(
-        "full filesystem: {} typed errors while full ({}), {} heals, {} acknowledged payments all replayed",
-        errors.len(),
-        errors.iter().map(|e| format!("{e}")).next().unwrap_or_default(),
-        heals,
-        acknowledged.len()
-    );
 }
 
 /// An open that meets one failed sync anywhere (after a store halted on a failed sync and was

@@ -269,8 +269,8 @@ fn an_import_refuses_an_existing_file_a_key_twice_and_a_bad_line_and_creates_not
     let leftovers: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
     assert_eq!(
         leftovers.len(),
-        2,
-        "only existing.idem and its journal: {leftovers:?}"
+        3,
+        "only existing.idem, its journal and its reserve: {leftovers:?}"
     );
 }
 

@@ -837,7 +837,7 @@ fn flip_a_bit_in_every_record(path: &std::path::Path, at: impl Fn(usize) -> usiz
 }
 
 #[test]
-fn creating_a_store_leaves_only_the_store_file_and_its_journal() {
+fn creating_a_store_leaves_only_the_store_file_its_journal_and_its_reserve() {
     let f = Fixture::file();
     drop(f.open());
     let mut names: Vec<_> = std::fs::read_dir(f.path.parent().unwrap())
@@ -846,7 +846,14 @@ fn creating_a_store_leaves_only_the_store_file_and_its_journal() {
         .collect();
     names.sort();
     let store = f.path.file_name().unwrap().to_str().unwrap();
-    assert_eq!(names, [store.to_owned(), format!("{store}-journal")]);
+    assert_eq!(
+        names,
+        [
+            store.to_owned(),
+            format!("{store}-journal"),
+            format!("{store}-reserve")
+        ]
+    );
 }
 
 /// An empty file where a store should be cannot be told from a store truncated to nothing:

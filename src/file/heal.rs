@@ -250,7 +250,8 @@ impl Shared {
                 for file in [path.clone(), crate::file::journal::file::journal_path(path)] {
                     crate::file::platform::drop_cache(&file)?;
                 }
-                crate::file::open::file(config, path)
+                let space = self.current.read().inner.space.clone();
+                crate::file::open::file_keeping(config, path, space)
             }
             Source::Memory => Err(Error::Halted {
                 cause: "a store in memory is not reopened".into(),

@@ -22,6 +22,7 @@ pub(crate) mod platform;
 pub(crate) mod read;
 pub(crate) mod record;
 pub(crate) mod scan;
+pub(crate) mod space;
 pub(crate) mod store;
 pub(crate) mod tenants;
 #[cfg(test)]

@@ -12,8 +12,10 @@ use crate::file::layout;
 use crate::file::load;
 use crate::file::marker::OpenMarker;
 use crate::file::platform;
+use crate::file::space::{Space, RESERVE_PER_JOURNAL};
 use crate::file::store::FileStore;
 use crate::file::upgrade;
+use crate::sync::Arc;
 use std::path::Path;
 
 /// redb's page cache while a store opens: the scan reads every page once, and filling a large
@@ -29,6 +31,16 @@ const SIMULATED_JOURNAL_BYTES: u64 = 64 << 10;
 
 /// Opens (or creates) the store file at `path` and its journal beside it.
 pub(crate) fn file(config: Config, path: &Path) -> Result<FileStore> {
+    file_keeping(config, path, None)
+}
+
+/// [`file`], with the reserve a halted store of this file still holds (a heal): its lock
+/// stays taken.
+pub(crate) fn file_keeping(
+    config: Config,
+    path: &Path,
+    space: Option<Arc<Space>>,
+) -> Result<FileStore> {
     if !path.try_exists()? {
         // Another process may create it meanwhile: then that one is opened.
         create_atomically(path, |_| Ok(()))?;
@@ -42,6 +54,17 @@ pub(crate) fn file(config: Config, path: &Path) -> Result<FileStore> {
             reason: "the store file is empty; if it never held a store, delete it to create one"
                 .into(),
         });
+    }
+    let journal = journal::file::journal_path(path);
+    let capacity = config.journal_bytes.unwrap_or(DEFAULT_JOURNAL_BYTES);
+    let space = match space {
+        Some(space) => Some(space),
+        None => Space::lock(path, reserve_bytes(&config, capacity, &journal))?.map(Arc::new),
+    };
+    if let Some(space) = &space {
+        if space.before_recovery()? {
+            config.observer.reserve_released(space.reserve_bytes());
+        }
     }
     let marker = OpenMarker::begin(path);
     let check = verify(&config) || marker.unfinished;
@@ -57,13 +80,12 @@ pub(crate) fn file(config: Config, path: &Path) -> Result<FileStore> {
         };
         let db = Guarded::new(open(SCAN_CACHE_BYTES, check)?);
         // Only now, with redb's lock on the store file held, is the journal touched.
-        let journal = journal::file::journal_path(path);
         let source = JournalSource {
             existed: journal.try_exists()?,
-            capacity: config.journal_bytes.unwrap_or(DEFAULT_JOURNAL_BYTES),
+            capacity,
             open: Box::new(move || journal::file::open(&journal)),
         };
-        start(config, db, file_bytes, Some(&open), Some(source))
+        start(config, db, file_bytes, Some(&open), Some(source), space)
     });
     match &opened {
         Ok(_) => marker.finished(),
@@ -83,7 +105,7 @@ pub(crate) fn in_memory(config: Config) -> Result<FileStore> {
                 .create_with_backend(redb::backends::InMemoryBackend::new())?,
         );
         layout::create(&db)?;
-        start(config, db, 0, None, None)
+        start(config, db, 0, None, None, None)
     })
 }
 
@@ -112,7 +134,7 @@ pub(crate) fn simulated(
             capacity: config.journal_bytes.unwrap_or(SIMULATED_JOURNAL_BYTES),
             open: Box::new(move || Ok(Box::new(journal) as Box<dyn redb::StorageBackend>)),
         };
-        start(config, db, file_bytes, Some(&open), Some(source))
+        start(config, db, file_bytes, Some(&open), Some(source), None)
     })
 }
 
@@ -149,6 +171,22 @@ impl Drop for Guarded {
     }
 }
 
+/// The reserve's size: as configured, or [`RESERVE_PER_JOURNAL`] times the journal's capacity
+/// (or its file's length, if larger: the epoch being replayed may fill it), at least
+/// [`MIN_RESERVE_BYTES`].
+fn reserve_bytes(config: &Config, capacity: u64, journal: &Path) -> u64 {
+    config.reserve_bytes.unwrap_or_else(|| {
+        let made = std::fs::metadata(journal).map_or(0, |m| m.len());
+        RESERVE_PER_JOURNAL
+            .saturating_mul(capacity.max(made))
+            .max(MIN_RESERVE_BYTES)
+    })
+}
+
+/// The smallest default reserve: room for redb's own recovery commit and one batch when the
+/// journal is small or off.
+const MIN_RESERVE_BYTES: u64 = 1 << 20;
+
 /// Whether redb verifies every page's checksum as it opens the file.
 fn verify(config: &Config) -> bool {
     config.page_check == PageCheck::Verify
@@ -172,6 +210,7 @@ fn start(
     file_bytes: u64,
     reopen: Option<&dyn Fn(usize, bool) -> Result<redb::Database>>,
     journal: Option<JournalSource>,
+    space: Option<Arc<Space>>,
 ) -> Result<FileStore> {
     let meta = layout::meta(&db)?;
     if meta.format == layout::EXPIRY_FORMAT {
@@ -217,12 +256,16 @@ fn start(
         }
         None => db,
     };
+    if let Some(space) = &space {
+        space.measure(loaded.record_bytes);
+    }
     Ok(FileStore::assemble(
         config,
         index,
         db.into_inner(),
         &loaded,
         journal,
+        space,
     ))
 }
 

@@ -61,3 +61,53 @@ pub(crate) fn drop_cache(path: &Path) -> io::Result<()> {
     drop(file);
     Ok(())
 }
+
+/// The bytes an unprivileged writer may still allocate on the filesystem holding `path`:
+/// `statvfs(2)`'s `f_bavail * f_frsize` on Linux. `None` elsewhere: the reserve is not kept.
+pub(crate) fn available_bytes(path: &Path) -> io::Result<Option<u64>> {
+    #[cfg(target_os = "linux")]
+    {
+        let fs = rustix::fs::statvfs(path)?;
+        Ok(Some(fs.f_bavail.saturating_mul(fs.f_frsize)))
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = path;
+        Ok(None)
+    }
+}
+
+/// Gives `file` `len` bytes of disk blocks of its own: `fallocate(2)` on Linux (which fails
+/// with ENOSPC rather than leave a hole), and writing zeros where a filesystem does not offer it.
+pub(crate) fn allocate(file: &File, len: u64) -> io::Result<()> {
+    #[cfg(target_os = "linux")]
+    match rustix::fs::fallocate(file, rustix::fs::FallocateFlags::empty(), 0, len) {
+        Ok(()) => return Ok(()),
+        Err(e) if e == rustix::io::Errno::OPNOTSUPP => {}
+        Err(e) => return Err(e.into()),
+    }
+    let zeros = vec![0u8; 1 << 20];
+    let mut at = 0;
+    while at < len {
+        let n = usize::try_from(len - at).map_or(zeros.len(), |left| left.min(zeros.len()));
+        write_all_at(file, &zeros[..n], at)?;
+        at += n as u64;
+    }
+    Ok(())
+}
+
+/// Takes an exclusive `flock(2)` on `file` without waiting; `false` if another open file holds
+/// one. Elsewhere than Linux: always `true` (the store file's own lock still excludes).
+pub(crate) fn try_lock(file: &File) -> io::Result<bool> {
+    #[cfg(target_os = "linux")]
+    match rustix::fs::flock(file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => Ok(true),
+        Err(e) if e == rustix::io::Errno::WOULDBLOCK => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = file;
+        Ok(true)
+    }
+}

@@ -14,6 +14,7 @@ use crate::file::load;
 use crate::file::read;
 use crate::file::record::RecordState as Stored;
 use crate::file::record::{Record, RecordState};
+use crate::file::space::Space;
 use crate::file::watch::Watchers;
 use crate::model::claim::{Claim, Entry, EntryState, Takeover};
 use crate::model::fingerprint::Fingerprint;
@@ -41,6 +42,9 @@ pub(crate) struct Inner {
     replays: ReplayCache,
     next_fence: AtomicU64,
     pub(crate) watchers: Arc<Watchers>,
+    /// The disk's free space and the reserve for recovery; `None` in memory, on the simulated
+    /// disk, with `reserve_size(0)`, and where the free space cannot be read.
+    pub(crate) space: Option<Arc<Space>>,
 }
 
 /// What the file engine counts itself (the answers are counted above the seam), carried over
@@ -98,6 +102,7 @@ impl FileStore {
         db: redb::Database,
         loaded: &load::Loaded,
         journal: Option<Journal>,
+        space: Option<Arc<Space>>,
     ) -> FileStore {
         let watchers = Arc::new(Watchers::default());
         let on_halt = {
@@ -121,6 +126,7 @@ impl FileStore {
                 config,
                 carried: Arc::default(),
                 next_fence: AtomicU64::new(loaded.high_fence + 1),
+                space,
             }),
         }
     }
@@ -219,6 +225,9 @@ impl FileStore {
         replaces: Option<Gone>,
     ) -> Result<Attempt> {
         let inner = &*self.inner;
+        if let Some(space) = &inner.space {
+            space.admit(inner.pipeline.record_bytes_bound())?;
+        }
         let now = self.now();
         let fence = inner.next_fence.fetch_add(1, Ordering::Relaxed);
         let lease_until = now.saturating_add(duration_millis(inner.config.lease));
@@ -690,6 +699,7 @@ impl FileStore {
             live_records: Some(u64::try_from(inner.index.len()).unwrap_or(u64::MAX)),
             stored_bytes: p.record_bytes(),
             heals: get(&c.heals),
+            disk_full: inner.space.as_ref().is_some_and(|s| s.is_full()),
         }
     }
 }

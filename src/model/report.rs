@@ -12,6 +12,7 @@ pub(crate) struct EngineFigures {
     pub(crate) live_records: Option<u64>,
     pub(crate) stored_bytes: u64,
     pub(crate) heals: u64,
+    pub(crate) disk_full: bool,
 }
 
 /// Where a scan that reads past damage hands each record it could not read (the
