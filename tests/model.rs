@@ -16,8 +16,10 @@
 //!   transaction: all of it or none). The model keeps both states, the one before the failed
 //!   batch and the one after it, and after the crash adopts whichever the store shows (every
 //!   key's `get` and the record count must match one of them exactly);
-//! - after a failed commit the store is fail-stop: every call answers `Error::Halted` until the
-//!   store is reopened.
+//! - after a failed commit the store is fail-stop for writes: every call answers
+//!   `Error::Halted` until the store is reopened, except claims whose answer only reads a key
+//!   whose writes all became durable (a replay, in progress, a mismatch), which must be what the
+//!   reopened store will answer, whichever way the failed batch went.
 //!
 //! Cases default to [`DEFAULT_CASES`] per stale policy; `PROPTEST_CASES` or `IDEMDB_MODEL_CASES`
 //! raise it, and `IDEMDB_MODEL_STEPS` changes the longest sequence. Each property prints how
@@ -1108,7 +1110,10 @@ impl Harness {
     /// Checks whatever a claim of `key` with fingerprint `f` returned.
     fn claimed(&mut self, key: Key, f: u8, r: idemdb::Result<Claim>) -> Result<(), TestCaseError> {
         if self.halted() {
-            return self.expect_halted("claim", r);
+            return match r {
+                Ok(claim) => self.answered_while_halted(key, f, claim),
+                r => self.expect_halted("claim", r),
+            };
         }
         let e = match r {
             Ok(claim) => return self.check_claim(key, f, claim),
@@ -1134,6 +1139,64 @@ impl Harness {
             )));
         }
         self.faulted(format!("claim {key:?} fp{f}"), &e, m.records, in_commit)
+    }
+
+    /// A claim a halted store answered: it writes nothing, and it is what a restart will
+    /// answer, whichever way the failed batch went (the store answers only from keys whose
+    /// writes all became durable; any other is `Halted`).
+    fn answered_while_halted(&mut self, key: Key, f: u8, real: Claim) -> Result<(), TestCaseError> {
+        if self.health != (Health::Failed { surely: true }) {
+            // The power is off: nothing is compared until the crash that follows.
+            return Ok(());
+        }
+        let outcomes = match &self.ambiguity {
+            Some(a) => vec![a.before.clone(), a.after.clone()],
+            None => vec![self.model.records.clone()],
+        };
+        let mut counted = self.model.counters.clone();
+        for records in outcomes {
+            let mut model = self.model.clone();
+            model.records = records;
+            let expected = model.claim(key, f);
+            // The store counts the answer; so does the model, once.
+            counted = model.counters.clone();
+            let agrees = match (&expected, &real) {
+                (Expect::Replay(want), Claim::Replay(got)) => want == got,
+                (
+                    Expect::InProgress {
+                        retry_after,
+                        lease_remaining,
+                    },
+                    Claim::InProgress {
+                        retry_after: r,
+                        lease_remaining: l,
+                        ..
+                    },
+                    // Whether a holder is still alive is the process's to know, not the
+                    // disk's: a claim whose ticket was dropped (a call that failed) is an
+                    // orphan, whose retry hint is its lease, as after a restart.
+                ) => l == lease_remaining && (r == retry_after || r == lease_remaining),
+                (Expect::Mismatch { completed }, Claim::Mismatch { completed: c }) => {
+                    c == completed
+                }
+                _ => false,
+            };
+            prop_assert!(
+                agrees,
+                "claim {:?} fp{} on a halted store answered {:?}; after a restart it would be {:?}",
+                key,
+                f,
+                real,
+                expected
+            );
+        }
+        self.model.counters = counted;
+        self.hit(match real {
+            Claim::Replay(_) => "answered while halted: replay",
+            Claim::InProgress { .. } => "answered while halted: in progress",
+            _ => "answered while halted: mismatch",
+        });
+        Ok(())
     }
 
     fn take_ticket(&mut self, i: &Pick) -> Option<(Ticket, MTicket)> {
@@ -2182,6 +2245,9 @@ fn generator_covers_the_interesting_outcomes() {
             "call failed: power off",
             "call failed: injected fault",
             "halted: call refused",
+            "answered while halted: replay",
+            "answered while halted: in progress",
+            "answered while halted: mismatch",
             "failed batch landed",
             "failed batch did not land",
             "failed claim landed with a fence nobody was told",

@@ -26,7 +26,7 @@ impl FileStore {
         key: &str,
         fingerprint: Fingerprint,
     ) -> Result<Claim> {
-        let key = self.claim_key(scope, key)?;
+        let key = self.index_key(scope, key)?;
         loop {
             match self.claim_start(&key, fingerprint)? {
                 Attempt::Answer(claim) => return Ok(claim),

@@ -151,7 +151,7 @@ impl FileStore {
         key: &str,
         fingerprint: Fingerprint,
     ) -> Result<Claim> {
-        let key = self.claim_key(scope, key)?;
+        let key = self.index_key(scope, key)?;
         loop {
             match self.claim_start(&key, fingerprint)? {
                 Attempt::Answer(claim) => return Ok(claim),
@@ -164,17 +164,39 @@ impl FileStore {
         }
     }
 
+    /// The index key of `key` in `scope`; `Halted` once a commit failed.
     pub(crate) fn claim_key(&self, scope: &Scope, key: &str) -> Result<IndexKey> {
         self.inner.pipeline.check()?;
+        self.index_key(scope, key)
+    }
+
+    /// The index key of `key` in `scope`, halted or not: a halted store still answers claims
+    /// that only read what is durable ([`FileStore::claim_start`]).
+    pub(crate) fn index_key(&self, scope: &Scope, key: &str) -> Result<IndexKey> {
         Ok(self.inner.index.key(scoped_key(scope, key)?))
     }
 
     /// One attempt, up to queueing the claim's write.
+    ///
+    /// Degraded, not down: once a commit failed, the claim is still answered if its answer
+    /// only reads the key's slot and that slot holds what the disk holds (see
+    /// [`Pipeline::answers_from`]): a durable completion (replay, or mismatch), a durable claim
+    /// in progress (in progress, or mismatch). Anything else, and every answer that writes, is
+    /// `Halted`.
     pub(crate) fn claim_start(&self, key: &IndexKey, fingerprint: Fingerprint) -> Result<Attempt> {
         let inner = &*self.inner;
         let now = self.now();
         let tag = inner.index.tag(&fingerprint);
         let stripe = inner.index.lock(&key.hash);
+        if inner.pipeline.is_halted() {
+            let durable = stripe.get(&key.hash).is_some_and(|slot| {
+                !matches!(slot.state(), SlotState::Completed { durable: false, .. })
+                    && inner.pipeline.answers_from(slot.fence())
+            });
+            if !durable {
+                return Err(inner.pipeline.halted_error());
+            }
+        }
         let replaces = match stripe.get(&key.hash) {
             None => None,
             Some(slot) => match slot.state() {
@@ -225,6 +247,8 @@ impl FileStore {
         replaces: Option<Gone>,
     ) -> Result<Attempt> {
         let inner = &*self.inner;
+        // A halted store answers only what reads (see `claim_start`).
+        inner.pipeline.check()?;
         if let Some(space) = &inner.space {
             space.admit(inner.pipeline.record_bytes_bound())?;
         }

@@ -133,6 +133,7 @@ impl Shared {
                 if s.halted.is_none() {
                     self.halt(s, e.to_string());
                 }
+                s.undurable.extend(batch.iter().flat_map(super::fences));
                 outcome = Err(e);
             }
         }

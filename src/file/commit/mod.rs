@@ -48,7 +48,7 @@ use crate::file::journal::Journal;
 use crate::observe::Observer;
 use crate::sync::{Arc, AtomicBool, AtomicU64, Condvar, Mutex, MutexGuard, Once, Ordering, RwLock};
 use redb::Database;
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::task::Waker;
 use std::thread::JoinHandle;
 
@@ -130,6 +130,10 @@ struct State {
     /// The sequence number the running batch ends before.
     committing_upto: u64,
     halted: Option<String>,
+    /// Once halted: the fences the ops of every batch that did not become durable write or
+    /// delete (the failed batch, and what was queued behind it). A key whose slot has none of
+    /// them holds what the disk holds (`Pipeline::answers_from`).
+    undurable: HashSet<u64>,
     /// Only the leader touches it; `None` while a commit runs.
     writer: Option<Writer>,
     /// Async callers waiting for their op: (sequence number, waker).
@@ -203,6 +207,7 @@ impl Pipeline {
                 batch: 0,
                 committing_upto: 0,
                 halted: None,
+                undurable: HashSet::new(),
                 writer: Some(Writer {
                     journal,
                     checkpoints: Arc::clone(&checkpoints),
@@ -320,7 +325,7 @@ impl Shared {
         }
     }
 
-    fn halted_error(&self) -> Error {
+    pub(crate) fn halted_error(&self) -> Error {
         halted(
             self.state
                 .lock()
@@ -354,6 +359,16 @@ impl Shared {
         self.checkpoints.load(Ordering::Relaxed)
     }
 
+    /// Whether a halted pipeline lets a claim answer from the index slot of a record at
+    /// `fence`: every write of that record became durable (none is in a batch that failed or
+    /// was queued when the pipeline halted), and no commit is still running, whose batch
+    /// could yet fail. Such a slot holds what the disk holds, so a replay, an in-progress or a
+    /// mismatch read from it is what a restart would answer.
+    pub(crate) fn answers_from(&self, fence: u64) -> bool {
+        let s = self.state.lock();
+        s.halted.is_some() && !s.committing && !s.undurable.contains(&fence)
+    }
+
     /// Fails once any commit has failed.
     pub(crate) fn check(&self) -> Result<()> {
         if self.halted.load(Ordering::Acquire) {
@@ -373,6 +388,8 @@ impl Shared {
     /// it, and `on_halt` runs (with the state unlocked).
     fn halt(&self, s: &mut MutexGuard<'_, State>, cause: String) {
         self.observer.halted(&cause);
+        let queued = std::mem::take(&mut s.queue);
+        s.undurable.extend(queued.iter().flat_map(fences));
         s.halted = Some(cause);
         self.halted.store(true, Ordering::Release);
         for done in &self.done {
@@ -384,6 +401,17 @@ impl Shared {
         self.wake_async(s);
         MutexGuard::unlocked(s, || (self.on_halt)());
     }
+}
+
+/// The fences an op writes or deletes.
+pub(super) fn fences(op: &Op) -> impl Iterator<Item = u64> {
+    let (first, second) = match op {
+        Op::Put {
+            fence, replaces, ..
+        } => (*fence, replaces.map(|gone| gone.fence)),
+        Op::Delete(gone) => (gone.fence, None),
+    };
+    std::iter::once(first).chain(second)
 }
 
 fn put_bytes(ops: &[Op]) -> u64 {
