@@ -1153,13 +1153,13 @@ impl Harness {
             Some(a) => vec![a.before.clone(), a.after.clone()],
             None => vec![self.model.records.clone()],
         };
-        let mut counted = self.model.counters.clone();
+        let mut counted = self.model.counters;
         for records in outcomes {
             let mut model = self.model.clone();
             model.records = records;
             let expected = model.claim(key, f);
             // The store counts the answer; so does the model, once.
-            counted = model.counters.clone();
+            counted = model.counters;
             let agrees = match (&expected, &real) {
                 (Expect::Replay(want), Claim::Replay(got)) => want == got,
                 (
