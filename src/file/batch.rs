@@ -13,8 +13,9 @@ use crate::file::layout::JOURNAL_EPOCH_KEY;
 use crate::file::layout::JOURNAL_HEADER_KEY;
 use crate::file::layout::META;
 use crate::file::layout::RECORDS;
+use crate::file::layout::RECORD_COUNT_KEY;
 use crate::file::read::decode_head_at;
-use redb::Database;
+use redb::{Database, ReadableTableMetadata};
 
 /// One durable mutation, applied in queue order. Ops on one key are queued under that key's
 /// stripe lock, so the disk sees them in the order the index made them; no op needs to re-check
@@ -112,9 +113,11 @@ pub(crate) fn write_batch(
     }
     let mut high_fence = 0;
     let overwritten = overwritten(ops);
+    let counted;
     {
         let mut records = txn.open_table(RECORDS)?;
         let mut heads = txn.open_table(HEADS)?;
+        let count_before = records.len()?;
         for (i, op) in ops.iter().enumerate() {
             if overwritten.get(i).copied().unwrap_or(false) {
                 if let Op::Put { fence, .. } = op {
@@ -144,6 +147,11 @@ pub(crate) fn write_batch(
                 }
             }
         }
+        let count = records.len()?;
+        counted = (count != count_before).then_some(count);
+    }
+    if let Some(count) = counted {
+        txn.open_table(META)?.insert(RECORD_COUNT_KEY, count)?;
     }
     let raise = high_fence > *reserved;
     let new_reserved = high_fence.saturating_add(FENCE_BLOCK);

@@ -104,6 +104,7 @@ fn write(db: &redb::Database, input: impl std::io::BufRead) -> Result<u64> {
         }
         txn.open_table(META)?.insert(FENCE_KEY, highest)?;
     }
+    layout::write_record_count(&txn)?;
     txn.commit()?;
     layout::meta(db)?;
     Ok(imported)

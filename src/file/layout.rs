@@ -7,7 +7,7 @@ use crate::error::{Damaged, Error, Result};
 use crate::file::batch::quick_repair;
 use crate::file::hashing::SipKey;
 use crate::file::heads::HEADS;
-use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
 
 /// fence -> encoded [`Record`] (which carries its scoped key).
 pub(crate) const RECORDS: TableDefinition<u64, &[u8]> = TableDefinition::new("records");
@@ -18,17 +18,23 @@ pub(crate) const RECORDS: TableDefinition<u64, &[u8]> = TableDefinition::new("re
 /// the table ([`drop_expiry_table`]).
 pub(super) const EXPIRY: TableDefinition<u128, &[u8]> = TableDefinition::new("expiry");
 
-/// Store-wide values: [`FORMAT_KEY`], [`STORE_ID_KEY`], [`FENCE_KEY`], [`JOURNAL_EPOCH_KEY`]
-/// and [`JOURNAL_BYTES_KEY`]. Every one is written when the store is created, and an open that
-/// finds one missing refuses the file: a default could silently skip a journal.
+/// Store-wide values: [`FORMAT_KEY`], [`STORE_ID_KEY`], [`FENCE_KEY`], [`JOURNAL_EPOCH_KEY`],
+/// [`JOURNAL_BYTES_KEY`] and [`RECORD_COUNT_KEY`]. Every one is written when the store is
+/// created, and an open that finds one missing refuses the file: a default could silently skip
+/// a journal.
 pub(crate) const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 
 /// The store format this build writes. Format 2 added the store id and the journal's made size,
 /// and the journal's header and entry layout; format 3 the `heads` table and the hash secret;
-/// format 4 dropped the `expiry` table. A file of format 2 or 3 is upgraded at its first open
-/// ([`rebuild_heads`], [`drop_expiry_table`]); any other is refused, and an older build refuses
-/// a file of format 4 (it would never purge its records: they have no expiry entries).
-pub(crate) const STORE_FORMAT: u64 = 4;
+/// format 4 dropped the `expiry` table; format 5 added [`RECORD_COUNT_KEY`]. A file of format 2,
+/// 3 or 4 is upgraded at its first open ([`rebuild_heads`], [`drop_expiry_table`],
+/// [`count_records`]); any other is refused, and an older build refuses a file of format 5 (it
+/// would change the records without keeping their count, which the next open would take for
+/// damage).
+pub(crate) const STORE_FORMAT: u64 = 5;
+
+/// The format without a record count, upgraded by [`count_records`].
+pub(crate) const UNCOUNTED_FORMAT: u64 = 4;
 
 /// The format with heads and an `expiry` table, upgraded by [`drop_expiry_table`].
 pub(crate) const EXPIRY_FORMAT: u64 = 3;
@@ -61,6 +67,12 @@ pub(crate) const JOURNAL_BYTES_KEY: &str = "journal_bytes";
 /// header names an older epoch than this is an old copy, not a crash.
 pub(crate) const JOURNAL_HEADER_KEY: &str = "journal_header_epoch";
 
+/// How many records the records table holds, written by every transaction that changes that
+/// number (durable or not: redb's close makes a pending non-durable commit durable). An open
+/// compares it with the table before it trusts the table: damage that makes the records read
+/// as fewer (or none) is refused rather than served as a store that forgot them.
+pub(crate) const RECORD_COUNT_KEY: &str = "record_count";
+
 /// The highest fence a store file may hold: far beyond any real use (2^61 claims at a million a
 /// second take 73,000 years), far enough from `u64::MAX` that the counter never wraps, and
 /// below 2^62, so the index packs its state bits above the fence.
@@ -86,6 +98,8 @@ pub(crate) struct Meta {
     pub(crate) journal_epoch: u64,
     pub(crate) journal_bytes: u64,
     pub(crate) journal_header: u64,
+    /// The records the table held at the last commit; `None` before format 5.
+    pub(crate) record_count: Option<u64>,
 }
 
 /// Reads `meta`, refusing a file that lacks any value (or has another format).
@@ -106,7 +120,7 @@ pub(crate) fn meta(db: &Database) -> Result<Meta> {
     };
     let format = get(FORMAT_KEY)?;
     let secret = match format {
-        STORE_FORMAT | EXPIRY_FORMAT => Some(SipKey {
+        STORE_FORMAT | UNCOUNTED_FORMAT | EXPIRY_FORMAT => Some(SipKey {
             k0: get(SECRET_KEYS[0])?,
             k1: get(SECRET_KEYS[1])?,
         }),
@@ -126,6 +140,10 @@ pub(crate) fn meta(db: &Database) -> Result<Meta> {
         journal_epoch: get(JOURNAL_EPOCH_KEY)?,
         journal_bytes: get(JOURNAL_BYTES_KEY)?,
         journal_header: get(JOURNAL_HEADER_KEY)?,
+        record_count: match format {
+            STORE_FORMAT => Some(get(RECORD_COUNT_KEY)?),
+            _ => None,
+        },
     };
     if meta.journal_epoch > MAX_EPOCH {
         return Err(Error::Corrupted {
@@ -183,10 +201,43 @@ pub(crate) fn create(db: &Database) -> Result<()> {
         meta.insert(JOURNAL_EPOCH_KEY, 0)?;
         meta.insert(JOURNAL_BYTES_KEY, 0)?;
         meta.insert(JOURNAL_HEADER_KEY, 0)?;
+        meta.insert(RECORD_COUNT_KEY, 0)?;
         txn.open_table(RECORDS)?;
         txn.open_table(HEADS)?;
     }
     txn.commit()?;
+    Ok(())
+}
+
+/// Refuses a file whose records table holds another number of records than `meta` says it
+/// held at the last commit (a file of format 5; older ones have no count until upgraded).
+///
+/// # Errors
+/// [`Error::Corrupted`] (`Damaged::Pages`) naming both numbers; nothing is changed.
+pub(crate) fn check_record_count(db: &Database, meta: &Meta) -> Result<()> {
+    let Some(recorded) = meta.record_count else {
+        return Ok(());
+    };
+    let txn = db.begin_read()?;
+    let found = txn.open_table(RECORDS)?.len()?;
+    if found != recorded {
+        return Err(Error::Corrupted {
+            damaged: Damaged::Pages,
+            reason: format!(
+                "the records table holds {found} records, and the store recorded {recorded} at \
+                 its last commit: its pages were damaged or written over, and serving it would \
+                 forget records; nothing was changed (`idemdb verify` names what it can read, \
+                 `idemdb export --past-damage` carries it out)"
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Records in `txn` how many records its records table holds now ([`RECORD_COUNT_KEY`]).
+pub(crate) fn write_record_count(txn: &redb::WriteTransaction) -> Result<()> {
+    let count = txn.open_table(RECORDS)?.len()?;
+    txn.open_table(META)?.insert(RECORD_COUNT_KEY, count)?;
     Ok(())
 }
 

@@ -216,6 +216,8 @@ fn start(
     if meta.format == layout::EXPIRY_FORMAT {
         upgrade::drop_expiry_table(&db)?;
     }
+    // Before the journal's replay changes anything: the file as its last commit left it.
+    layout::check_record_count(&db, &meta)?;
     let secret = match meta.secret {
         Some(secret) => secret,
         None => {
@@ -244,6 +246,9 @@ fn start(
         _ => None,
     };
     let (index, loaded) = load_index(&config, &db, file, file_bytes)?;
+    if meta.format < layout::STORE_FORMAT {
+        upgrade::count_records(&db)?;
+    }
     if crate::observe::ACTIVE {
         let (in_progress, completed) = index.census();
         config.observer.opened(replayed, in_progress, completed);

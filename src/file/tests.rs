@@ -534,6 +534,7 @@ fn two_records_for_one_key_refuse_the_open() {
             let copy = record.encode(key);
             records.insert(fence + 1000, copy.as_slice()).unwrap();
         }
+        crate::file::layout::write_record_count(&txn).unwrap();
         txn.commit().unwrap();
     }
     match StoreBuilder::default().open_simulated(&disk) {
@@ -587,13 +588,60 @@ fn check_heads_store(store: &Store, n: usize) {
 }
 
 /// Changes the store file on `disk` directly through redb, as damage or an older build would.
+/// Edits the file with redb, as damage that also keeps `record_count` in step with the records
+/// table would (to reach the defenses behind the count; see
+/// `a_records_table_shorter_than_its_count_is_refused` for the count itself).
 fn edit_file(disk: &SimDisk, edit: impl FnOnce(&redb::WriteTransaction)) {
+    edit_file_keeping_count(disk, edit, true);
+}
+
+fn edit_file_keeping_count(
+    disk: &SimDisk,
+    edit: impl FnOnce(&redb::WriteTransaction),
+    count: bool,
+) {
     let db = redb::Builder::new()
         .create_with_backend(disk.backend())
         .unwrap();
     let txn = db.begin_write().unwrap();
     edit(&txn);
+    if count {
+        crate::file::layout::write_record_count(&txn).unwrap();
+    }
     txn.commit().unwrap();
+}
+
+/// The records table reading fewer records than the store counted at its last commit (damage
+/// to the table's pages or its definition, as in `tests/damage_cases.rs`) refuses the open,
+/// whatever the heads say, and changes nothing: before format 5 a lost record under a damaged
+/// head was rebuilt away, and its key ran again.
+#[test]
+fn a_records_table_shorter_than_its_count_is_refused() {
+    use crate::file::layout::RECORDS;
+    use redb::ReadableTable;
+    let disk = SimDisk::new();
+    store_with_heads(&disk, 20);
+    edit_file_keeping_count(
+        &disk,
+        |txn| {
+            let mut records = txn.open_table(RECORDS).unwrap();
+            let first = records.first().unwrap().unwrap().0.value();
+            records.remove(first).unwrap();
+        },
+        false,
+    );
+    for _ in 0..2 {
+        match StoreBuilder::default().open_simulated(&disk) {
+            Err(Error::Corrupted {
+                damaged: Damaged::Pages,
+                reason,
+            }) => assert!(
+                reason.contains("the records table holds 39 records, and the store recorded 40"),
+                "{reason}"
+            ),
+            other => panic!("a record lost from the table must refuse the open, got {other:?}"),
+        }
+    }
 }
 
 fn file_meta(disk: &SimDisk) -> crate::file::layout::Meta {
@@ -751,6 +799,56 @@ fn a_format_3_file_drops_its_expiry_table_at_its_first_open_and_still_purges() {
     assert!(matches!(
         store.claim(&scope(), "done0", fp()).unwrap(),
         Claim::Acquired(_)
+    ));
+}
+
+/// A file of format 4 (no record count) opens as before, is upgraded in place to format 5 at
+/// that open (the count written in one durable commit), answers every key as before, and from
+/// then on a record lost from its table is refused.
+#[test]
+fn a_format_4_file_is_counted_at_its_first_open_and_then_guarded_by_its_count() {
+    use crate::file::layout::{FORMAT_KEY, META, RECORDS, RECORD_COUNT_KEY, STORE_FORMAT};
+    use redb::ReadableTable;
+    let disk = SimDisk::new();
+    ten_paid_and_one_held(open(&disk));
+    edit_file_keeping_count(
+        &disk,
+        |txn| {
+            let mut meta = txn.open_table(META).unwrap();
+            meta.insert(FORMAT_KEY, 4).unwrap();
+            meta.remove(RECORD_COUNT_KEY).unwrap();
+        },
+        false,
+    );
+    assert_eq!(file_meta(&disk).format, 4);
+    assert_eq!(file_meta(&disk).record_count, None);
+    let store = open(&disk);
+    for i in 0..10 {
+        match store.claim(&scope(), &format!("done{i}"), fp()).unwrap() {
+            Claim::Replay(r) => assert_eq!(r.body(), b"paid"),
+            other => panic!("done{i}: {other:?}"),
+        }
+    }
+    drop(store);
+    disk.crash(CrashImage::Durable);
+    assert_eq!(file_meta(&disk).format, STORE_FORMAT);
+    assert_eq!(file_meta(&disk).record_count, Some(11));
+    drop(open(&disk));
+    edit_file_keeping_count(
+        &disk,
+        |txn| {
+            let mut records = txn.open_table(RECORDS).unwrap();
+            let first = records.first().unwrap().unwrap().0.value();
+            records.remove(first).unwrap();
+        },
+        false,
+    );
+    assert!(matches!(
+        StoreBuilder::default().open_simulated(&disk),
+        Err(Error::Corrupted {
+            damaged: Damaged::Pages,
+            ..
+        })
     ));
 }
 

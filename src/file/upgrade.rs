@@ -1,5 +1,5 @@
 //! Upgrades of an older store format, run once at its first open: the heads table built from
-//! the records (format 2), the `expiry` table dropped (format 3).
+//! the records (format 2), the `expiry` table dropped (format 3), the records counted (format 4).
 
 use crate::error::{Damaged, Error, Result};
 use crate::file::batch::head_of;
@@ -11,14 +11,14 @@ use crate::file::layout::FORMAT_KEY;
 use crate::file::layout::META;
 use crate::file::layout::RECORDS;
 use crate::file::layout::SECRET_KEYS;
-use crate::file::layout::STORE_FORMAT;
+use crate::file::layout::{STORE_FORMAT, UNCOUNTED_FORMAT};
 use crate::file::load::out_of_order;
 use redb::{Database, ReadableTable, TableDefinition};
 
-/// Writes the `heads` table afresh from the records, under `secret`, and makes the file
-/// [`STORE_FORMAT`] (dropping the `expiry` table of format 3 or below), in one durable commit:
-/// the upgrade of a format-2 file, the repair of a
-/// damaged heads table, and the re-keying after a hash collision. Every record is read and its
+/// Writes the `heads` table afresh from the records, under `secret`, and makes a file of format
+/// 2 or 3 format 4 (dropping the `expiry` table), in one durable commit: the upgrade of a
+/// format-2 file, the repair of a damaged heads table, and the re-keying after a hash
+/// collision. Every record is read and its
 /// checksum verified, as every open did before heads existed.
 ///
 /// The records are the authority only over heads they can account for: a head is written and
@@ -54,20 +54,38 @@ pub(crate) fn rebuild_heads(db: &Database, secret: SipKey) -> Result<u64> {
         let mut meta = txn.open_table(META)?;
         meta.insert(SECRET_KEYS[0], secret.k0)?;
         meta.insert(SECRET_KEYS[1], secret.k1)?;
-        meta.insert(FORMAT_KEY, STORE_FORMAT)?;
+        // Format 2 had no heads; it is counted once the open has read it all (`count_records`).
+        if meta.get(FORMAT_KEY)?.map(|v| v.value()) < Some(UNCOUNTED_FORMAT) {
+            meta.insert(FORMAT_KEY, UNCOUNTED_FORMAT)?;
+        }
     }
     txn.commit()?;
     Ok(rebuilt)
 }
 
-/// Upgrades a file of format 3 to [`STORE_FORMAT`] in one durable commit: drops the `expiry`
+/// Upgrades a file of format 3 to format 4 in one durable commit: drops the `expiry`
 /// table, which nothing reads any more. A crash before the commit leaves format 3, upgraded
 /// again at the next open.
 pub(crate) fn drop_expiry_table(db: &Database) -> Result<()> {
     let mut txn = db.begin_write()?;
     quick_repair(&mut txn);
     delete_table(&txn, EXPIRY)?;
+    txn.open_table(META)?.insert(FORMAT_KEY, UNCOUNTED_FORMAT)?;
+    txn.commit()?;
+    Ok(())
+}
+
+/// Upgrades a file of format 4 (or one an upgrade above just brought to it) to
+/// [`STORE_FORMAT`] in one durable commit: records how many records it holds (`record_count`).
+/// Run last in the open, once every check the open makes has passed, so that a damaged file is
+/// refused unchanged rather than counted. A crash before the commit leaves format 4, upgraded
+/// again at the next open. (What a format 4 file holds cannot be checked against a count it
+/// never kept: this upgrade trusts it as the format 4 open did.)
+pub(crate) fn count_records(db: &Database) -> Result<()> {
+    let mut txn = db.begin_write()?;
+    quick_repair(&mut txn);
     txn.open_table(META)?.insert(FORMAT_KEY, STORE_FORMAT)?;
+    crate::file::layout::write_record_count(&txn)?;
     txn.commit()?;
     Ok(())
 }
