@@ -717,6 +717,16 @@ fn table_names(disk: &SimDisk) -> Vec<String> {
 }
 
 /// Completes `done0`..`done9` with 201 "paid", leaves `held` in progress, and closes the store.
+/// Each of [`ten_paid_and_one_held`]'s completions replays.
+fn replays_the_ten_paid(store: &Store) {
+    for i in 0..10 {
+        match store.claim(&scope(), &format!("done{i}"), fp()).unwrap() {
+            Claim::Replay(r) => assert_eq!(r.body(), b"paid"),
+            other => panic!("done{i}: {other:?}"),
+        }
+    }
+}
+
 fn ten_paid_and_one_held(store: Store) {
     for i in 0..10 {
         let ticket = acquire(&store, &format!("done{i}"));
@@ -782,12 +792,7 @@ fn a_format_3_file_drops_its_expiry_table_at_its_first_open_and_still_purges() {
     assert_eq!(file_meta(&disk).format, 3);
     assert!(table_names(&disk).contains(&"expiry".to_owned()));
     let store = open();
-    for i in 0..10 {
-        match store.claim(&scope(), &format!("done{i}"), fp()).unwrap() {
-            Claim::Replay(r) => assert_eq!(r.body(), b"paid"),
-            other => panic!("done{i}: {other:?}"),
-        }
-    }
+    replays_the_ten_paid(&store);
     drop(store);
     disk.crash(CrashImage::Durable);
     assert_eq!(file_meta(&disk).format, STORE_FORMAT);
@@ -823,12 +828,7 @@ fn a_format_4_file_is_counted_at_its_first_open_and_then_guarded_by_its_count() 
     assert_eq!(file_meta(&disk).format, 4);
     assert_eq!(file_meta(&disk).record_count, None);
     let store = open(&disk);
-    for i in 0..10 {
-        match store.claim(&scope(), &format!("done{i}"), fp()).unwrap() {
-            Claim::Replay(r) => assert_eq!(r.body(), b"paid"),
-            other => panic!("done{i}: {other:?}"),
-        }
-    }
+    replays_the_ten_paid(&store);
     drop(store);
     disk.crash(CrashImage::Durable);
     assert_eq!(file_meta(&disk).format, STORE_FORMAT);
