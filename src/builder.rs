@@ -324,6 +324,39 @@ impl StoreBuilder {
         self
     }
 
+    /// PostgreSQL: how the connections use TLS (libpq's `sslmode`), over what the connection
+    /// string says. Default: [`crate::SslMode::Prefer`], as libpq, which protects against a
+    /// passive listener only when the server offers TLS; [`crate::SslMode::VerifyFull`] (with
+    /// [`StoreBuilder::ssl_root_cert`]) is what stops a party in between. See
+    /// `docs/postgres.md`, "TLS".
+    #[cfg(feature = "postgres")]
+    pub fn ssl_mode(mut self, mode: crate::SslMode) -> Self {
+        self.config.tls.mode = Some(mode);
+        self
+    }
+
+    /// PostgreSQL: the PEM file of root certificates the server's certificate must be signed
+    /// by (libpq's `sslrootcert`), or `"system"` for the platform's roots (which requires
+    /// [`crate::SslMode::VerifyFull`], and is then the default mode). Read when the store
+    /// connects.
+    #[cfg(feature = "postgres")]
+    pub fn ssl_root_cert(mut self, path: impl Into<std::path::PathBuf>) -> Self {
+        self.config.tls.root_cert = Some(path.into());
+        self
+    }
+
+    /// PostgreSQL: a client certificate (PEM, with its chain) and its private key (PEM), for
+    /// a server that authenticates clients by certificate (libpq's `sslcert` and `sslkey`).
+    #[cfg(feature = "postgres")]
+    pub fn ssl_client_cert(
+        mut self,
+        cert: impl Into<std::path::PathBuf>,
+        key: impl Into<std::path::PathBuf>,
+    ) -> Self {
+        self.config.tls.client_cert = Some((cert.into(), key.into()));
+        self
+    }
+
     /// Connects to the PostgreSQL database at `url`, creating or checking the store's schema.
     /// `url` is a connection string in either of libpq's forms, a `postgres://` URL or
     /// `key=value` pairs, several hosts with `target_session_attrs=read-write` included, as
@@ -333,15 +366,17 @@ impl StoreBuilder {
     /// probed after 15 s.
     /// The store's sessions commit with `synchronous_commit = on` (or the server's
     /// `remote_apply`). The options that only mean something for a file (`cache_size`,
-    /// `journal_size`, `page_check`, `stripes`) are ignored. Connections
-    /// are not encrypted (TLS is not supported yet): use it on a trusted network or a local
-    /// socket. See `docs/postgres.md`.
+    /// `journal_size`, `page_check`, `stripes`) are ignored. TLS follows libpq's `sslmode`,
+    /// `sslrootcert`, `sslcert` and `sslkey` in `url` (or [`StoreBuilder::ssl_mode`] and the
+    /// methods beside it), with rustls. See `docs/postgres.md`.
     ///
     /// # Errors
     /// [`crate::Error::InvalidSchema`] for a [`StoreBuilder::schema`] name that breaks
     /// [`validate_schema`]'s rule (before anything is connected to);
     /// [`crate::Error::Database`] for a bad connection string, an unreachable server, a
     /// refused login or missing permissions, or a server running with `fsync = off`;
+    /// [`crate::Error::Tls`] for a certificate file that cannot be read, or a server certificate
+    /// that does not verify (what did not match is said);
     /// [`crate::Error::UnsupportedFormat`] for a schema a newer idemdb made.
     #[cfg(feature = "postgres")]
     pub fn connect(self, url: &str) -> Result<Store> {

@@ -109,6 +109,9 @@ pub(crate) struct Config {
     /// PostgreSQL: the most operations of one kind in one statement.
     #[cfg(feature = "postgres")]
     pub(crate) batch_limit: usize,
+    /// PostgreSQL: TLS settings from the builder, over the connection string's.
+    #[cfg(feature = "postgres")]
+    pub(crate) tls: crate::postgres::tls::Settings,
 }
 
 impl Default for Config {
@@ -143,6 +146,8 @@ impl Default for Config {
             pool_size: 4,
             #[cfg(feature = "postgres")]
             batch_limit: 512,
+            #[cfg(feature = "postgres")]
+            tls: crate::postgres::tls::Settings::default(),
         }
     }
 }

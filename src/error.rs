@@ -155,6 +155,15 @@ pub enum Error {
         /// The bytes free that claims need.
         needed: u64,
     },
+    /// TLS to the database could not be set up or was refused by this side: a certificate file
+    /// that cannot be read, a mode that cannot be honoured, or a server certificate that does
+    /// not verify (signed by no given root, or not naming the host); `reason` says what did not
+    /// match. Nothing was sent to the database. A server that refuses a connection without TLS
+    /// answers [`Error::Database`] with its SQLSTATE instead.
+    Tls {
+        /// What did not match, or which file or setting could not be used.
+        reason: String,
+    },
     /// The engine does not offer a setting the store was built with (`what` names it).
     Unsupported {
         /// The setting, and where it is not offered.
@@ -415,6 +424,7 @@ impl fmt::Display for Error {
                  nothing was stored: replays and completions go on, and claims succeed again, \
                  without a restart, once space is freed"
             ),
+            Error::Tls { reason } => write!(f, "TLS to the database: {reason}"),
             Error::Unsupported { what } => write!(f, "not supported: {what}"),
             Error::ResultEncoding {
                 what: "stored result",

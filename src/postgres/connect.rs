@@ -6,6 +6,7 @@ use super::clock::{clock_adjustment, DatabaseClock};
 use super::pool::Pool;
 use super::rows::{db_error, millis_column};
 use super::scheduler::{self, ClaimParams};
+use super::tls::{self, Connector};
 use super::{schema, sql, PgStore, Shared};
 use crate::config::{Config, StalePolicy};
 use crate::error::{Error, Result};
@@ -23,6 +24,20 @@ fn random_owner() -> String {
     format!("pid{}-{noise:016x}", std::process::id())
 }
 
+/// Where the store's connections go, and how: the driver's settings and the TLS connector.
+#[derive(Debug, Clone)]
+pub(crate) struct Database {
+    pub(crate) config: tokio_postgres::Config,
+    pub(crate) connector: Connector,
+}
+
+impl Database {
+    /// A new connection, run on the current runtime until the client is dropped.
+    pub(crate) async fn connect(&self) -> Result<tokio_postgres::Client> {
+        self.connector.connect(&self.config).await
+    }
+}
+
 /// Connects a store to the database at `url`, creating or checking its schema.
 pub(crate) fn connect(mut config: Config, url: &str) -> Result<PgStore> {
     let unsupported = [
@@ -37,11 +52,13 @@ pub(crate) fn connect(mut config: Config, url: &str) -> Result<PgStore> {
             what: format!("{name} on PostgreSQL (store files only, for now)"),
         });
     }
+    let (url, tls) = tls::split(url)?;
     let mut pg: tokio_postgres::Config = url.parse().map_err(|e| Error::Database {
         sqlstate: None,
         reason: format!("invalid connection string: {e}"),
         driver: None,
     })?;
+    let connector = Connector::new(&tls.overridden_by(&config.tls), &mut pg)?;
     if pg.get_application_name().is_none() {
         pg.application_name("idemdb");
     }
@@ -86,8 +103,14 @@ pub(crate) fn connect(mut config: Config, url: &str) -> Result<PgStore> {
                     }
                 };
                 runtime.block_on(async move {
+                    let database = Database {
+                        config: pg,
+                        connector,
+                    };
                     let context =
-                        match start(pg, schema, (pool_size, batch_limit), params, adjust).await {
+                        match start(database, schema, (pool_size, batch_limit), params, adjust)
+                            .await
+                        {
                             Ok(context) => Arc::new(context),
                             Err(e) => {
                                 let _ = ready_tx.send(Err(e));
@@ -119,16 +142,13 @@ pub(crate) fn connect(mut config: Config, url: &str) -> Result<PgStore> {
 /// On the engine's thread: checks the server, migrates the schema, takes an incarnation and
 /// opens the first pooled connection.
 pub(super) async fn start(
-    pg: tokio_postgres::Config,
+    database: Database,
     schema: String,
     (pool_size, batch_limit): (usize, usize),
     mut params: ClaimParams,
     adjust: Box<dyn Fn() -> Option<i64> + Send + Sync>,
 ) -> Result<scheduler::Context> {
-    let (mut client, connection) = pg.connect(tokio_postgres::NoTls).await.map_err(db_error)?;
-    tokio::spawn(async move {
-        let _ = connection.await;
-    });
+    let mut client = database.connect().await?;
     schema::check_durability(&client).await?;
     schema::make_commits_durable(&client).await?;
     schema::migrate(&mut client, &schema).await?;
@@ -138,7 +158,7 @@ pub(super) async fn start(
         .map_err(db_error)?
         .get(0);
     drop(client);
-    let pool = Pool::new(pg, schema, pool_size);
+    let pool = Pool::new(database, schema, pool_size);
     pool.warm().await?;
     Ok(scheduler::Context {
         pool,

@@ -28,6 +28,7 @@ mod rows;
 mod scheduler;
 mod schema;
 mod sql;
+pub(crate) mod tls;
 mod transfer;
 
 use crate::config::Config;

@@ -2,6 +2,7 @@
 //! reconnected when one is found closed; and the statements run on them, again while they
 //! fail without effect.
 
+use super::connect::Database;
 use super::rows::db_error;
 use super::sql;
 use crate::error::Result;
@@ -9,7 +10,7 @@ use crate::sync::{Arc, AtomicBool, Ordering};
 use tokio::sync::{Mutex as AsyncMutex, OwnedSemaphorePermit, Semaphore};
 use tokio_postgres::error::{Severity, SqlState};
 use tokio_postgres::types::ToSql;
-use tokio_postgres::{Client, NoTls, Row, Statement};
+use tokio_postgres::{Client, Row, Statement};
 
 /// One connection with its prepared statements.
 pub(crate) struct Conn {
@@ -62,13 +63,10 @@ impl Conn {
     }
 
     /// Connects and prepares every hot statement (in one pipeline).
-    pub(crate) async fn open(config: &tokio_postgres::Config, schema: &str) -> Result<Conn> {
-        let (client, connection) = config.connect(NoTls).await.map_err(db_error)?;
-        tokio::spawn(async move {
-            // Ends when the client is dropped or the server goes away; the next use of the
-            // client reports the error.
-            let _ = connection.await;
-        });
+    pub(crate) async fn open(database: &Database, schema: &str) -> Result<Conn> {
+        // Its connection runs until the client is dropped or the server goes away; the next
+        // use of the client reports the error.
+        let client = database.connect().await?;
         // Checked again on every connection: a reconnect may reach another server (a
         // failover through a multi-host URL).
         super::schema::check_durability(&client).await?;
@@ -111,14 +109,14 @@ impl Conn {
 
 /// The connections: at most `size` in use, reconnected when one is found closed.
 pub(crate) struct Pool {
-    config: tokio_postgres::Config,
+    config: Database,
     schema: String,
     permits: Arc<Semaphore>,
     idle: AsyncMutex<Vec<Arc<Conn>>>,
 }
 
 impl Pool {
-    pub(crate) fn new(config: tokio_postgres::Config, schema: String, size: usize) -> Pool {
+    pub(crate) fn new(config: Database, schema: String, size: usize) -> Pool {
         Pool {
             config,
             schema,
