@@ -289,19 +289,19 @@ impl Connector {
         // decrypted by a future quantum computer, which aws-lc-rs's hybrid exchange prevents).
         #[allow(deprecated)]
         let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let chain = || webpki(&root_store(settings.root_cert.as_deref(), mode)?, &provider);
+        let lenient = |chain| -> Arc<dyn ServerCertVerifier> {
+            Arc::new(Lenient {
+                chain,
+                provider: Arc::clone(&provider),
+            })
+        };
         let verifier: Arc<dyn ServerCertVerifier> = match mode {
             SslMode::Disable => return Ok(Connector::Plain),
-            SslMode::Prefer => Arc::new(Unchecked(Arc::clone(&provider))),
-            SslMode::Require if settings.root_cert.is_none() => {
-                Arc::new(Unchecked(Arc::clone(&provider)))
-            }
-            SslMode::Require | SslMode::VerifyCa => Arc::new(ChainOnly(webpki(
-                &root_store(settings.root_cert.as_deref(), mode)?,
-                &provider,
-            )?)),
-            SslMode::VerifyFull => {
-                webpki(&root_store(settings.root_cert.as_deref(), mode)?, &provider)?
-            }
+            SslMode::Prefer => lenient(None),
+            SslMode::Require if settings.root_cert.is_none() => lenient(None),
+            SslMode::Require | SslMode::VerifyCa => lenient(Some(chain()?)),
+            SslMode::VerifyFull => chain()?,
         };
         let builder = ClientConfig::builder_with_provider(Arc::clone(&provider))
             .with_safe_default_protocol_versions()
@@ -474,61 +474,16 @@ fn describe(e: &rustls::Error) -> String {
     }
 }
 
-/// Accepts any certificate (`prefer`, `require`), still checking the handshake's signatures
-/// against it.
+/// The checks short of `verify-full`: with no chain, any certificate is accepted (`prefer`,
+/// `require`); with one, the chain is verified and the names ignored (`verify-ca`). The
+/// handshake's signatures are checked against the certificate either way.
 #[derive(Debug)]
-struct Unchecked(Arc<CryptoProvider>);
-
-impl ServerCertVerifier for Unchecked {
-    fn verify_server_cert(
-        &self,
-        _: &CertificateDer<'_>,
-        _: &[CertificateDer<'_>],
-        _: &ServerName<'_>,
-        _: &[u8],
-        _: UnixTime,
-    ) -> std::result::Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
-    }
+struct Lenient {
+    chain: Option<Arc<WebPkiServerVerifier>>,
+    provider: Arc<CryptoProvider>,
 }
 
-/// Verifies the chain and ignores the names (`verify-ca`).
-#[derive(Debug)]
-struct ChainOnly(Arc<WebPkiServerVerifier>);
-
-impl ServerCertVerifier for ChainOnly {
+impl ServerCertVerifier for Lenient {
     fn verify_server_cert(
         &self,
         end_entity: &CertificateDer<'_>,
@@ -537,10 +492,10 @@ impl ServerCertVerifier for ChainOnly {
         ocsp: &[u8],
         now: UnixTime,
     ) -> std::result::Result<ServerCertVerified, rustls::Error> {
-        match self
-            .0
-            .verify_server_cert(end_entity, intermediates, server_name, ocsp, now)
-        {
+        let Some(chain) = &self.chain else {
+            return Ok(ServerCertVerified::assertion());
+        };
+        match chain.verify_server_cert(end_entity, intermediates, server_name, ocsp, now) {
             Err(rustls::Error::InvalidCertificate(
                 CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
             )) => Ok(ServerCertVerified::assertion()),
@@ -554,7 +509,8 @@ impl ServerCertVerifier for ChainOnly {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls12_signature(message, cert, dss)
+        let algorithms = &self.provider.signature_verification_algorithms;
+        rustls::crypto::verify_tls12_signature(message, cert, dss, algorithms)
     }
 
     fn verify_tls13_signature(
@@ -563,11 +519,14 @@ impl ServerCertVerifier for ChainOnly {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls13_signature(message, cert, dss)
+        let algorithms = &self.provider.signature_verification_algorithms;
+        rustls::crypto::verify_tls13_signature(message, cert, dss, algorithms)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.supported_verify_schemes()
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
     }
 }
 
