@@ -157,3 +157,40 @@ on_every_engine! {
         }
     }
 }
+
+/// A store dropped and opened again while another thread spawns processes: each fork shares
+/// the store's open files (and the locks on them) until its exec closes them, so the reopen
+/// could find its own store's lock held and answer `AlreadyOpen` (seen once in CI, in the CLI
+/// tests, which spawn the `idemdb` binary while other tests reopen stores). The open waits a
+/// moment for a lock held that briefly.
+#[test]
+fn reopening_while_other_threads_spawn_processes_is_never_already_open() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.idem");
+    drop(idemdb::Store::open(&path).unwrap());
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let spawners: Vec<_> = (0..2)
+        .map(|_| {
+            let stop = std::sync::Arc::clone(&stop);
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let _ = std::process::Command::new("true").status();
+                }
+            })
+        })
+        .collect();
+    let mut refused = 0;
+    for _ in 0..100 {
+        match idemdb::Store::open(&path) {
+            Ok(store) => drop(store),
+            Err(idemdb::Error::AlreadyOpen) => refused += 1,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    for s in spawners {
+        s.join().unwrap();
+    }
+    assert_eq!(refused, 0, "reopens refused as AlreadyOpen");
+}

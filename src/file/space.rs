@@ -36,6 +36,9 @@ use std::time::{Duration, Instant};
 /// The reserve's default size, in journals: what one epoch's commit can need, with margin.
 pub(crate) const RESERVE_PER_JOURNAL: u64 = 3;
 
+/// How long an open waits for the reserve's lock before it answers `AlreadyOpen`.
+const LOCK_PATIENCE: Duration = Duration::from_secs(1);
+
 /// How long a measurement of the free space is used before it is taken again.
 pub(crate) const RECHECK: Duration = Duration::from_millis(20);
 
@@ -94,8 +97,16 @@ impl Space {
             .create(true)
             .truncate(false)
             .open(&reserve)?;
-        if !platform::try_lock(&file)? {
-            return Err(Error::AlreadyOpen);
+        // A lock belongs to the open file description, which a child process forked by another
+        // thread shares until its exec closes it (close-on-exec): a store dropped and opened
+        // again at that moment finds its own lock held for a few milliseconds. Found by the CLI
+        // tests, which spawn processes while they reopen stores.
+        let deadline = Instant::now() + LOCK_PATIENCE;
+        while !platform::try_lock(&file)? {
+            if Instant::now() >= deadline {
+                return Err(Error::AlreadyOpen);
+            }
+            std::thread::sleep(Duration::from_millis(2));
         }
         let held = file.metadata()?.len() >= bytes;
         Ok(Some(Space {
