@@ -145,6 +145,26 @@ impl Query {
         self.limit.unwrap_or(usize::MAX)
     }
 
+    /// The tenant asked for, if one is.
+    pub(crate) fn tenant_filter(&self) -> Option<&str> {
+        self.tenant.as_deref()
+    }
+
+    /// The endpoint asked for, if one is.
+    pub(crate) fn endpoint_filter(&self) -> Option<&str> {
+        self.endpoint.as_deref()
+    }
+
+    /// The claim time records must be before, if one is given.
+    pub(crate) fn claimed_before_filter(&self) -> Option<SystemTime> {
+        self.claimed_before
+    }
+
+    /// The statuses asked for as bits of `1 << status` (in declaration order); 0 for all.
+    pub(crate) fn status_bits(&self) -> u8 {
+        self.statuses
+    }
+
     /// Whether a record with `status` can match, before its key is read.
     pub(crate) fn wants_status(&self, status: RecordStatus) -> bool {
         self.statuses == 0 || self.statuses & status.bit() != 0

@@ -8,7 +8,7 @@ use super::rows::{db_error, encode_headers, fence_column, response_of, Target};
 use super::{schema, PgStore};
 use crate::error::{Error, Result};
 use crate::model::fingerprint::Fingerprint;
-use crate::model::listing::{Query, RecordStatus};
+use crate::model::listing::Query;
 use crate::model::moved::{Moved, MovedState};
 use crate::model::report::PastDamage;
 use crate::model::scope::scoped_key;
@@ -18,14 +18,25 @@ use std::ops::ControlFlow;
 const PAGE: i64 = 1000;
 
 /// The records after the key `$2..$4` (all from the start when `$5`), in key order (the
-/// primary key's), at most `$6`, expired ones only with `$7`. `$1` test clock.
+/// primary key's, so each page is a range of its index), at most `$6`, filtered as the query
+/// asks, in the database: the tenant `$7` and the endpoint `$8` (when not null), claimed before
+/// `$9` ms (when not null), and of the statuses whose bits `$10` holds (all when 0; the bits
+/// are `RecordStatus`'s, and the CASE is `Entry::status_at`). `$1` test clock.
 const SCAN: &str = r#"
 WITH t AS (SELECT coalesce($1::bigint, (extract(epoch FROM statement_timestamp()) * 1000)::bigint) AS now)
 SELECT r.tenant, r.endpoint, r.key, r.fence, r.fingerprint, r.claimed_at, r.completed,
     r.lease_until, r.completed_at, r.expires_at, r.status, r.headers, r.body, r.orphan, t.now
 FROM {s}.records r, t
 WHERE ($5::boolean OR (r.tenant, r.endpoint, r.key) > ($2::bytea, $3::bytea, $4::text))
-  AND ($7::boolean OR NOT r.completed OR r.expires_at > t.now)
+  AND ($7::bytea IS NULL OR r.tenant = $7::bytea)
+  AND ($8::bytea IS NULL OR r.endpoint = $8::bytea)
+  AND ($9::bigint IS NULL OR r.claimed_at < $9::bigint)
+  AND ($10::int = 0 OR $10::int & (CASE
+        WHEN r.completed AND r.expires_at > t.now THEN 8
+        WHEN r.completed THEN 16
+        WHEN r.orphan THEN 4
+        WHEN r.lease_until <= t.now THEN 2
+        ELSE 1 END) <> 0)
 ORDER BY r.tenant, r.endpoint, r.key
 LIMIT $6"#;
 
@@ -61,11 +72,20 @@ impl PgStore {
         mut each: impl FnMut(Moved, bool, u64) -> ControlFlow<()>,
     ) -> Result<()> {
         let text = schema::qualify(SCAN, &self.shared.schema);
-        let expired = query.wants_status(RecordStatus::Expired);
+        let tenant = query.tenant_filter().map(|t| t.as_bytes().to_vec());
+        let endpoint = query.endpoint_filter().map(|e| e.as_bytes().to_vec());
+        // Rounded up: the query's own comparison (at the seam) is exact.
+        let before: Option<i64> = query.claimed_before_filter().map(|t| {
+            let since = t.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+            let ms = since.as_millis() + u128::from(since.subsec_nanos() % 1_000_000 != 0);
+            i64::try_from(ms).unwrap_or(i64::MAX)
+        });
+        let statuses = i32::from(query.status_bits());
         let mut after: Option<Target> = None;
         loop {
             let adjust = self.shared.adjust();
             let (text, from) = (text.clone(), after.clone());
+            let (tenant, endpoint) = (tenant.clone(), endpoint.clone());
             let rows = block(self.shared.task(move |conn| async move {
                 let from = from.unwrap_or(Target {
                     tenant: Vec::new(),
@@ -83,7 +103,10 @@ impl PgStore {
                         &from.key,
                         &start,
                         &PAGE,
-                        &expired,
+                        &tenant,
+                        &endpoint,
+                        &before,
+                        &statuses,
                     ],
                 )
                 .await
@@ -277,6 +300,26 @@ impl Columns {
                 self.headers.push(Some(encode_headers(&response.headers)));
                 self.body.push(Some(response.body.clone()));
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::model::listing::{Query, RecordStatus};
+
+    /// [`super::SCAN`]'s CASE spells the status bits as numbers: they are `RecordStatus`'s.
+    #[test]
+    fn the_scan_statement_spells_the_status_bits_as_the_query_does() {
+        for (status, bit, spelled) in [
+            (RecordStatus::InProgress, 1, "ELSE 1 END"),
+            (RecordStatus::Stale, 2, "THEN 2"),
+            (RecordStatus::Orphan, 4, "THEN 4"),
+            (RecordStatus::Completed, 8, "THEN 8"),
+            (RecordStatus::Expired, 16, "THEN 16"),
+        ] {
+            assert_eq!(Query::all().status(status).status_bits(), bit, "{status}");
+            assert!(super::SCAN.contains(spelled), "{spelled}");
         }
     }
 }
