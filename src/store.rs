@@ -717,8 +717,8 @@ impl Store {
     /// export with [`crate::StoreBuilder::import_new`]. Fences are kept, and the store's next
     /// fences are larger than every imported one; claims in progress arrive as orphans (their
     /// holders were another store's), which [`Store::reap`] offers at once. Returns how many
-    /// records it imported. The whole export is read into memory before the transaction
-    /// starts.
+    /// records it imported. The input is read a page (1,000 lines) at a time while the page
+    /// before is inserted, so memory holds a few pages whatever the export's size.
     ///
     /// ```no_run
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -746,7 +746,7 @@ impl Store {
                          StoreBuilder::import_new, or import into a PostgreSQL store"
                     .into(),
             }),
-            Engine::Postgres(pg) => pg.import_all(crate::model::moved::read_lines(input)?),
+            Engine::Postgres(pg) => pg.import_lines(input),
         }
     }
 }

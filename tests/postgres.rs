@@ -970,3 +970,52 @@ fn a_bad_import_names_its_line_and_imports_nothing() {
     ));
     assert_eq!(shared.import(good.as_bytes()).unwrap(), 1);
 }
+
+/// An import streams its input a page at a time (1,000 records) into one transaction: a bad
+/// line after several pages were inserted leaves nothing imported, and the whole input
+/// imports, across pages, with every record answering afterwards.
+#[test]
+fn an_import_of_many_pages_is_all_or_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = Store::open(dir.path().join("s.idem")).unwrap();
+    let Claim::Acquired(t) = file.claim(&scope(), "k", Fingerprint::of(b"x")).unwrap() else {
+        panic!()
+    };
+    file.complete(t, Response::new(201, "ok")).unwrap();
+    let mut one = Vec::new();
+    file.export(&mut one).unwrap();
+    let template: serde_json::Value = serde_json::from_slice(&one).unwrap();
+    let lines: String = (0..2_500u64)
+        .map(|i| {
+            let mut record = template.clone();
+            record["key"] = format!("key-{i}").into();
+            record["fence"] = (i + 1).into();
+            format!("{record}\n")
+        })
+        .collect();
+    let shared = Store::builder()
+        .schema(schema("pagedimport"))
+        .connect(&url())
+        .unwrap();
+    let bad = format!("{lines}{{\"v\":1}}\n");
+    match shared.import(bad.as_bytes()) {
+        Err(Error::InvalidImport { line: 2501, .. }) => {}
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        shared.record_count().unwrap(),
+        0,
+        "two pages were inserted, then undone"
+    );
+    assert_eq!(shared.import(lines.as_bytes()).unwrap(), 2_500);
+    assert_eq!(shared.record_count().unwrap(), 2_500);
+    for i in [0, 999, 1_000, 2_499] {
+        match shared
+            .claim(&scope(), &format!("key-{i}"), Fingerprint::of(b"x"))
+            .unwrap()
+        {
+            Claim::Replay(r) => assert_eq!(r, Response::new(201, "ok")),
+            other => panic!("key-{i}: {other:?}"),
+        }
+    }
+}

@@ -65,9 +65,6 @@ impl Moved {
     }
 }
 
-#[cfg(feature = "postgres")]
-pub(crate) use line::read_lines;
-
 /// The export's JSON lines.
 #[cfg(feature = "export")]
 mod line {
@@ -228,22 +225,6 @@ mod line {
                 state,
             })
         }
-    }
-
-    /// Reads every line of `input` into records, refusing the whole input at its first bad
-    /// line.
-    #[cfg(feature = "postgres")]
-    pub(crate) fn read_lines(input: impl std::io::BufRead) -> Result<Vec<Moved>> {
-        let mut out = Vec::new();
-        for (n, line) in input.lines().enumerate() {
-            let line_no = u64::try_from(n + 1).unwrap_or(u64::MAX);
-            let line = line.map_err(Error::Io)?;
-            if line.trim().is_empty() {
-                continue;
-            }
-            out.push(Moved::from_line(&line, line_no)?);
-        }
-        Ok(out)
     }
 
     #[cfg(test)]

@@ -155,69 +155,144 @@ impl PgStore {
         }
     }
 
-    /// Writes `records` into this store, which must hold no record, in one transaction: all
-    /// of them or none. The fence sequence then continues above the largest imported fence.
-    /// The transaction runs on a connection of its own, in its turn with the batches.
-    pub(crate) fn import_all(&self, records: Vec<Moved>) -> Result<u64> {
+    /// Writes the records of `input` (an export's JSON lines) into this store, which must hold
+    /// no record, in one transaction: all of them or none. The lines are read and parsed on the
+    /// caller's thread a page at a time, while the engine's thread inserts the page before, so
+    /// memory holds a few pages whatever the export's size. The fence sequence then continues
+    /// above the largest imported fence. The transaction runs on a connection of its own.
+    pub(crate) fn import_lines(&self, input: impl std::io::BufRead) -> Result<u64> {
+        let (pages, incoming) = tokio::sync::mpsc::channel::<Page>(2);
         let schema_name = self.shared.schema.clone();
-        let count = u64::try_from(records.len()).unwrap_or(u64::MAX);
         let context = crate::sync::Arc::clone(&self.shared.context);
-        block(self.shared.task(move |_| async move {
-            let q = |text: &str| schema::qualify(text, &schema_name);
-            let mut own = context.pool.connect().await?;
-            // Rolled back when dropped uncommitted: on an error or a refusal below.
-            let tx = own.transaction().await.map_err(db_error)?;
+        let inserted = self
+            .shared
+            .task(move |_| async move { insert_pages(&context, &schema_name, incoming).await });
+        // A refused line (or a failed read) drops `pages` unfinished: the transaction rolls
+        // back, and the caller gets the line's error. A failed insert closes the channel: the
+        // caller stops reading and gets the insert's error.
+        let send = |page| futures_executor::block_on(pages.send(page)).is_ok();
+        let page_len = usize::try_from(PAGE).unwrap_or(1000);
+        let (mut columns, mut highest) = (Columns::default(), 0);
+        for (n, line) in input.lines().enumerate() {
+            let parsed = line.map_err(Error::Io).and_then(|line| {
+                let line_no = u64::try_from(n + 1).unwrap_or(u64::MAX);
+                if line.trim().is_empty() {
+                    return Ok(None);
+                }
+                Moved::from_line(&line, line_no).map(Some)
+            });
+            let moved = match parsed {
+                Ok(Some(moved)) => moved,
+                Ok(None) => continue,
+                Err(e) => {
+                    drop(pages);
+                    let _ = block(inserted);
+                    return Err(e);
+                }
+            };
+            highest = highest.max(fence_column(moved.fence));
+            columns.push(&moved);
+            if columns.key.len() == page_len
+                && !send(Page::Rows(Box::new(std::mem::take(&mut columns))))
             {
-                let occupied = tx
-                    .query_opt(&q("SELECT 1 FROM {s}.records LIMIT 1"), &[])
-                    .await
-                    .map_err(db_error)?;
-                if occupied.is_some() {
-                    return Err(Error::InvalidImport {
-                        line: 0,
-                        reason: "the store to import into already holds records".into(),
-                    });
-                }
-                let insert = q(IMPORT);
-                for page in records.chunks(usize::try_from(PAGE).unwrap_or(1000)) {
-                    let mut c = Columns::default();
-                    for m in page {
-                        c.push(m);
-                    }
-                    tx.execute(
-                            &insert,
-                            &[
-                                &c.tenant, &c.endpoint, &c.key, &c.fence, &c.fingerprint,
-                                &c.claimed_at, &c.completed, &c.lease_until, &c.completed_at,
-                                &c.expires_at, &c.status, &c.headers, &c.body,
-                            ],
-                        )
-                        .await
-                        .map_err(|e| match e.code() {
-                            Some(code) if *code == tokio_postgres::error::SqlState::UNIQUE_VIOLATION => {
-                                Error::InvalidImport {
-                                    line: 0,
-                                    reason: "the input holds one key twice".into(),
-                                }
-                            }
-                            _ => db_error(e),
-                        })?;
-                }
-                let highest = records.iter().map(|m| fence_column(m.fence)).max().unwrap_or(0);
-                tx.query_one(
-                        &q("SELECT setval('{s}.fences', greatest($1::bigint, (SELECT last_value FROM {s}.fences)))"),
-                        &[&highest],
-                    )
-                    .await
-                    .map_err(db_error)?;
+                return block(inserted);
             }
-            tx.commit().await.map_err(db_error)?;
-            Ok(count)
-        }))
+        }
+        if !columns.key.is_empty() && !send(Page::Rows(Box::new(columns))) {
+            return block(inserted);
+        }
+        let _ = send(Page::Done { highest });
+        drop(pages);
+        block(inserted)
     }
 }
 
 /// The record a scanned row holds, decoded and checked.
+/// What the caller of an import hands the engine's thread.
+enum Page {
+    Rows(Box<Columns>),
+    /// The input ended well; the fence sequence goes on above `highest`.
+    Done {
+        highest: i64,
+    },
+}
+
+/// On the engine's thread: one transaction that refuses a store holding records, inserts each
+/// page as it comes, and commits once the input ended well (rolled back otherwise, when it is
+/// dropped uncommitted).
+async fn insert_pages(
+    context: &super::scheduler::Context,
+    schema_name: &str,
+    mut incoming: tokio::sync::mpsc::Receiver<Page>,
+) -> Result<u64> {
+    let q = |text: &str| schema::qualify(text, schema_name);
+    let mut own = context.pool.connect().await?;
+    let tx = own.transaction().await.map_err(db_error)?;
+    let occupied = tx
+        .query_opt(&q("SELECT 1 FROM {s}.records LIMIT 1"), &[])
+        .await
+        .map_err(db_error)?;
+    if occupied.is_some() {
+        return Err(Error::InvalidImport {
+            line: 0,
+            reason: "the store to import into already holds records".into(),
+        });
+    }
+    let insert = q(IMPORT);
+    let mut count = 0u64;
+    loop {
+        match incoming.recv().await {
+            Some(Page::Rows(c)) => {
+                tx.execute(
+                    &insert,
+                    &[
+                        &c.tenant,
+                        &c.endpoint,
+                        &c.key,
+                        &c.fence,
+                        &c.fingerprint,
+                        &c.claimed_at,
+                        &c.completed,
+                        &c.lease_until,
+                        &c.completed_at,
+                        &c.expires_at,
+                        &c.status,
+                        &c.headers,
+                        &c.body,
+                    ],
+                )
+                .await
+                .map_err(|e| match e.code() {
+                    Some(code) if *code == tokio_postgres::error::SqlState::UNIQUE_VIOLATION => {
+                        Error::InvalidImport {
+                            line: 0,
+                            reason: "the input holds one key twice".into(),
+                        }
+                    }
+                    _ => db_error(e),
+                })?;
+                count += u64::try_from(c.key.len()).unwrap_or(u64::MAX);
+            }
+            Some(Page::Done { highest }) => {
+                tx.query_one(
+                    &q("SELECT setval('{s}.fences', greatest($1::bigint, (SELECT last_value FROM {s}.fences)))"),
+                    &[&highest],
+                )
+                .await
+                .map_err(db_error)?;
+                tx.commit().await.map_err(db_error)?;
+                return Ok(count);
+            }
+            None => {
+                return Err(Error::InvalidImport {
+                    line: 0,
+                    reason: "the input could not be read to its end".into(),
+                })
+            }
+        }
+    }
+}
+
 fn moved(target: &Target, held: &Held, completed_at: Option<i64>) -> Result<Moved> {
     let scope = target.scope();
     let scoped = scoped_key(&scope, &target.key)?;
