@@ -72,6 +72,7 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{PageCheck, StalePolicy};
 pub use error::{Damaged, Error, InputProblem, Result, StorageError};
 pub use idempotent::{Attempt, CallOutcome, Failure, IdempotentFn, IdempotentFnBuilder};
+pub use model::census::{Census, OldestClaim};
 pub use model::claim::{Claim, Entry, EntryState, Resolution, StaleClaim, Takeover};
 pub use model::fingerprint::{Fingerprint, FingerprintBuilder};
 pub use model::listing::{ListedRecord, Query, RecordStatus};

@@ -631,6 +631,44 @@ impl Store {
         Ok(handed)
     }
 
+    /// What the store holds, counted: records by tenant and status, the bytes of the stored
+    /// response bodies, the highest fence and the oldest claim not finished (what `idemdb
+    /// stats` shows).
+    ///
+    /// ```
+    /// use idemdb::{Claim, Fingerprint, Response, Scope, Store};
+    /// let store = Store::in_memory()?;
+    /// let Claim::Acquired(t) = store.claim(&Scope::new("acme", "POST /pay"), "k", Fingerprint::of(b""))? else { panic!() };
+    /// store.complete(t, Response::new(201, "paid"))?;
+    /// let census = store.census()?;
+    /// assert_eq!((census.records(), census.response_bytes), (1, 4));
+    /// assert_eq!(census.by_tenant["acme"][3], 1); // RecordStatus::ALL[3]: completed
+    /// # Ok::<(), idemdb::Error>(())
+    /// ```
+    ///
+    /// # Cost
+    /// On a file, a [`Store::scan`] of every record. On PostgreSQL, two statements that
+    /// aggregate in the database: one pass over the table, and no row leaves the server.
+    ///
+    /// # Concurrency
+    /// As [`Store::scan`] on a file (a page at a time, while claims go on); one snapshot per
+    /// statement on PostgreSQL.
+    ///
+    /// # Errors
+    /// As [`Store::scan`].
+    pub fn census(&self) -> Result<crate::Census> {
+        #[cfg(feature = "postgres")]
+        if let Engine::Postgres(pg) = &self.engine {
+            return pg.census();
+        }
+        let mut census = crate::Census::default();
+        self.scan(&Query::all(), |record| {
+            census.add(&record);
+            ControlFlow::Continue(())
+        })?;
+        Ok(census)
+    }
+
     /// The records `query` selects, as [`Store::scan`] hands them over: mind the query's
     /// limit on a large store, since each record holds its whole response.
     ///

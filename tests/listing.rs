@@ -56,6 +56,28 @@ fn store() -> (Store, ManualClock) {
 }
 
 on_every_engine! {
+    fn a_census_counts_every_status_per_tenant_and_names_the_oldest_claim(b: Backend) {
+        let clock = ManualClock::new();
+        let store = b.open(Store::builder().lease(LEASE).ttl(TTL).clock(clock.clone()));
+        let _held = every_status(&store, &clock);
+        let census = store.census().unwrap();
+        // RecordStatus::ALL: in progress, stale, orphan, completed, expired.
+        assert_eq!(census.by_tenant["acme"], [1, 0, 0, 1, 1]);
+        assert_eq!(census.by_tenant["bravo"], [0, 1, 1, 0, 0]);
+        assert_eq!(census.by_status(), [1, 1, 1, 1, 1]);
+        assert_eq!(census.records(), 5);
+        assert_eq!(census.response_bytes, 3 + 2, "\"old\" and the two bytes");
+        let all = store.list(&Query::all()).unwrap();
+        assert_eq!(
+            census.highest_fence,
+            all.iter().map(|r| r.entry.fence).max().unwrap()
+        );
+        let oldest = census.oldest_claim.expect("claims not finished");
+        assert_eq!((oldest.scope.tenant(), oldest.key.as_str()), ("bravo", "stale"));
+        let stale = all.iter().find(|r| r.key == "stale").unwrap();
+        assert_eq!((oldest.fence, oldest.claimed_at), (stale.entry.fence, stale.entry.claimed_at));
+    }
+
     fn a_scan_tells_every_status_apart_and_filters_by_each_field(b: Backend) {
         let clock = ManualClock::new();
         let store = b.open(Store::builder().lease(LEASE).ttl(TTL).clock(clock.clone()));

@@ -3,10 +3,9 @@
 use crate::open::Target;
 use crate::output::{bytes, hex, relative, span, timestamp, Exit, Failure, Out, Outcome, Table};
 use clap::Args;
-use idemdb::{Entry, EntryState, ListedRecord, Query, RecordStatus, Scope};
+use idemdb::{Entry, EntryState, Query, RecordStatus, Scope};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
-use std::ops::ControlFlow;
 use std::time::{Instant, SystemTime};
 
 /// `idemdb stats`.
@@ -14,16 +13,11 @@ pub(crate) fn stats(target: &Target, out: &Out) -> Outcome {
     let started = Instant::now();
     let store = target.open(out)?;
     let opened = started.elapsed();
-    // A count for the progress bar; on PostgreSQL a count of the table, done once.
-    let total = store.record_count().ok().filter(|&n| n > 0);
-    let bar = out.progress("scanning", total);
-    let mut tally = Tally::default();
-    let scanned = store.scan(&Query::all(), |r| {
-        tally.add(&r);
-        bar.inc(1);
-        ControlFlow::Continue(())
-    })?;
+    // On a file, a scan of every record; on PostgreSQL, counted in the database.
+    let bar = out.progress("counting", None);
+    let tally = store.census()?;
     bar.finish_and_clear();
+    let scanned = tally.records();
     let elapsed = started.elapsed();
     let now = SystemTime::now();
     let (file, journal) = match target.path() {
@@ -40,12 +34,12 @@ pub(crate) fn stats(target: &Target, out: &Out) -> Outcome {
     };
     let status_counts: Vec<(&str, u64)> = RecordStatus::ALL
         .iter()
-        .zip(tally.by_status)
+        .zip(tally.by_status())
         .map(|(s, n)| (s.as_str(), n))
         .collect();
     if out.json {
         let tenants: Value = tally
-            .tenants
+            .by_tenant
             .iter()
             .map(|(t, counts)| {
                 let by: serde_json::Map<String, Value> = RecordStatus::ALL
@@ -66,10 +60,10 @@ pub(crate) fn stats(target: &Target, out: &Out) -> Outcome {
             "response_bytes": tally.response_bytes,
             "file_bytes": file,
             "journal_bytes": journal,
-            "oldest_claim": tally.oldest_claim.as_ref().map(|(at, scope, key, fence)| json!({
-                "tenant": scope.tenant(), "endpoint": scope.endpoint(), "key": key,
-                "fence": fence, "claimed_at": timestamp(*at),
-                "age_seconds": now.duration_since(*at).map_or(0, |d| d.as_secs()),
+            "oldest_claim": tally.oldest_claim.as_ref().map(|o| json!({
+                "tenant": o.scope.tenant(), "endpoint": o.scope.endpoint(), "key": o.key,
+                "fence": o.fence, "claimed_at": timestamp(o.claimed_at),
+                "age_seconds": now.duration_since(o.claimed_at).map_or(0, |d| d.as_secs()),
             })),
             "open_seconds": opened.as_secs_f64(),
             "seconds": elapsed.as_secs_f64(),
@@ -91,7 +85,7 @@ pub(crate) fn stats(target: &Target, out: &Out) -> Outcome {
         "completed",
         "expired",
     ]);
-    for (tenant, counts) in &tally.tenants {
+    for (tenant, counts) in &tally.by_tenant {
         let mut row = vec![format!("{tenant:?}")];
         row.extend(counts.iter().map(u64::to_string));
         t.row(row);
@@ -112,17 +106,16 @@ pub(crate) fn stats(target: &Target, out: &Out) -> Outcome {
     ]);
     t.row(vec![
         "oldest claim".into(),
-        tally
-            .oldest_claim
-            .as_ref()
-            .map_or("none".into(), |(at, scope, key, fence)| {
-                format!(
-                    "{:?}/{:?}/{key} fence {fence}, claimed {}",
-                    scope.tenant(),
-                    scope.endpoint(),
-                    relative(*at, now)
-                )
-            }),
+        tally.oldest_claim.as_ref().map_or("none".into(), |o| {
+            format!(
+                "{:?}/{:?}/{} fence {}, claimed {}",
+                o.scope.tenant(),
+                o.scope.endpoint(),
+                o.key,
+                o.fence,
+                relative(o.claimed_at, now)
+            )
+        }),
     ]);
     t.row(vec![
         "took".into(),
@@ -130,49 +123,6 @@ pub(crate) fn stats(target: &Target, out: &Out) -> Outcome {
     ]);
     t.print();
     Ok(())
-}
-
-#[derive(Default)]
-struct Tally {
-    by_status: [u64; 5],
-    tenants: BTreeMap<String, [u64; 5]>,
-    highest_fence: u64,
-    response_bytes: u64,
-    oldest_claim: Option<(SystemTime, Scope, String, u64)>,
-}
-
-impl Tally {
-    fn add(&mut self, r: &ListedRecord) {
-        let at = RecordStatus::ALL
-            .iter()
-            .position(|s| *s == r.status)
-            .unwrap_or(0);
-        self.by_status[at] += 1;
-        match self.tenants.get_mut(r.scope.tenant()) {
-            Some(counts) => counts[at] += 1,
-            None => {
-                let mut counts = [0; 5];
-                counts[at] = 1;
-                self.tenants.insert(r.scope.tenant().to_owned(), counts);
-            }
-        }
-        self.highest_fence = self.highest_fence.max(r.entry.fence);
-        if let EntryState::Completed { response, .. } = &r.entry.state {
-            self.response_bytes += response.body().len() as u64;
-        }
-        let older = self
-            .oldest_claim
-            .as_ref()
-            .is_none_or(|(at, ..)| r.entry.claimed_at < *at);
-        if r.status.is_claim() && older {
-            self.oldest_claim = Some((
-                r.entry.claimed_at,
-                r.scope.clone(),
-                r.key.clone(),
-                r.entry.fence,
-            ));
-        }
-    }
 }
 
 /// `idemdb list`.

@@ -4,6 +4,7 @@
 //! reap's or a purge's tally). Both engines and the store above them build on
 //! these; nothing here knows an engine.
 
+pub(crate) mod census;
 pub(crate) mod claim;
 pub(crate) mod fingerprint;
 pub(crate) mod listing;

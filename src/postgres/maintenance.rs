@@ -7,8 +7,10 @@ use super::rows::{
 };
 use super::{schema, sql, PgStore};
 use crate::error::{Damaged, Error, Result};
+use crate::model::census::{Census, OldestClaim};
 use crate::model::claim::{Resolution, StaleClaim};
 use crate::model::fingerprint::Fingerprint;
+use crate::model::listing::RecordStatus;
 use crate::model::report::Tally;
 use crate::model::scope::{scoped_key, Scope};
 use futures_channel::oneshot;
@@ -25,6 +27,42 @@ impl PgStore {
             row.try_get::<_, i64>(0).map_err(db_error)
         }))?;
         Ok(u64::try_from(count).unwrap_or_default())
+    }
+
+    /// [`crate::Store::census`]: two statements, each one pass in the database.
+    pub(crate) fn census(&self) -> Result<Census> {
+        let (census, oldest) = (
+            schema::qualify(sql::CENSUS, &self.shared.schema),
+            schema::qualify(sql::OLDEST_CLAIM, &self.shared.schema),
+        );
+        let adjust = self.shared.adjust();
+        block(self.shared.task(move |conn| async move {
+            let mut out = Census::default();
+            for row in query(&conn, &census, &[&adjust]).await.map_err(db_error)? {
+                let tenant: Vec<u8> = row.try_get(0).map_err(db_error)?;
+                let status: i32 = row.try_get(1).map_err(db_error)?;
+                let count: i64 = row.try_get(2).map_err(db_error)?;
+                let bytes: i64 = row.try_get(3).map_err(db_error)?;
+                let fence: i64 = row.try_get(4).map_err(db_error)?;
+                let fence = fence_of(fence);
+                // The CASE yields 0 to 4.
+                let status = RecordStatus::ALL[usize::try_from(status).unwrap_or(0).min(4)];
+                let count = u64::try_from(count).unwrap_or_default();
+                out.count(&String::from_utf8_lossy(&tenant), status, count);
+                out.response_bytes += u64::try_from(bytes).unwrap_or_default();
+                out.highest_fence = out.highest_fence.max(fence);
+            }
+            if let Some(row) = query(&conn, &oldest, &[]).await.map_err(db_error)?.first() {
+                let target = Target::from_row(row)?;
+                out.oldest_claim = Some(OldestClaim {
+                    scope: target.scope(),
+                    fence: fence_of(row.try_get(3).map_err(db_error)?),
+                    claimed_at: time_of(row.try_get(4).map_err(db_error)?),
+                    key: target.key,
+                });
+            }
+            Ok(out)
+        }))
     }
 
     pub(crate) fn reap(

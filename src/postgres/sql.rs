@@ -329,6 +329,25 @@ WHERE r.tenant = due.tenant AND r.endpoint = due.endpoint AND r.key = due.key
 /// counts them). A count: O(records), for `stats`, which operators call now and then.
 pub(crate) const COUNT: &str = "SELECT count(*) FROM {s}.records";
 
+/// A census in the database (one pass over the table; no row leaves the server): per tenant
+/// and status, the records, their bodies' bytes and the highest fence. The status is the index
+/// in `RecordStatus::ALL`, the CASE `Entry::status_at`. `$1` test clock.
+pub(crate) const CENSUS: &str = r#"
+WITH t AS (SELECT coalesce($1::bigint, (extract(epoch FROM statement_timestamp()) * 1000)::bigint) AS now)
+SELECT r.tenant,
+    (CASE WHEN r.completed AND r.expires_at > t.now THEN 3
+          WHEN r.completed THEN 4
+          WHEN r.orphan THEN 2
+          WHEN r.lease_until <= t.now THEN 1
+          ELSE 0 END)::int AS status,
+    count(*)::bigint, coalesce(sum(length(r.body)), 0)::bigint, max(r.fence)
+FROM {s}.records r, t
+GROUP BY 1, 2"#;
+
+/// The claim not finished that was made first (ties: the lower fence).
+pub(crate) const OLDEST_CLAIM: &str = "SELECT tenant, endpoint, key, fence, claimed_at \
+    FROM {s}.records WHERE NOT completed ORDER BY claimed_at, fence LIMIT 1";
+
 /// Takes this store's incarnation, durably (see [`CREATE`]).
 pub(crate) const INCARNATION: &str =
     "UPDATE {s}.meta SET last_incarnation = nextval('{s}.incarnations') RETURNING last_incarnation";
