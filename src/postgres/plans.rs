@@ -97,6 +97,31 @@ mod tests {
         ),
     ];
 
+    /// The plan of `text` prepared as `name` and executed with `args`, as the session plans it.
+    async fn explain(
+        client: &tokio_postgres::Client,
+        name: &str,
+        text: &str,
+        args: &str,
+    ) -> String {
+        client
+            .batch_execute(&format!("PREPARE {name} AS {text}"))
+            .await
+            .unwrap();
+        let rows = client
+            .simple_query(&format!("EXPLAIN (VERBOSE) EXECUTE {name}({args})"))
+            .await
+            .unwrap();
+        let plan: Vec<String> = rows
+            .iter()
+            .filter_map(|m| match m {
+                tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_owned),
+                _ => None,
+            })
+            .collect();
+        plan.join("\n")
+    }
+
     /// The generic plan of every hot statement looks its rows up by primary key, even when the
     /// statistics were taken with no claim in progress and a hundred thousand are (the plans
     /// that made each completion walk every claim in progress, and each batch be planned
@@ -137,24 +162,7 @@ mod tests {
                 .unwrap();
             super::fix_plans(&client).await.unwrap();
             for (name, text, args) in STATEMENTS {
-                client
-                    .batch_execute(&format!("PREPARE {name} AS {}", q(text)))
-                    .await
-                    .unwrap();
-                let rows = client
-                    .simple_query(&format!("EXPLAIN (VERBOSE) EXECUTE {name}({args})"))
-                    .await
-                    .unwrap();
-                let plan: Vec<String> = rows
-                    .iter()
-                    .filter_map(|m| match m {
-                        tokio_postgres::SimpleQueryMessage::Row(r) => {
-                            r.get(0).map(str::to_owned)
-                        }
-                        _ => None,
-                    })
-                    .collect();
-                let plan = plan.join("\n");
+                let plan = explain(&client, name, &q(text), args).await;
                 for bad in [
                     "Seq Scan on records",
                     "Hash Join",
@@ -170,6 +178,20 @@ mod tests {
                 );
                 // Generic: the plan names parameters, not the arguments given.
                 assert!(plan.contains('$'), "{name} was planned for its arguments:\n{plan}");
+            }
+            // A scan's pages: each starts where the last ended, through the index (a page
+            // that reads the index from its start makes a scan quadratic).
+            for (name, start, tenant, args) in [
+                ("scan_after", false, false, "NULL, '\\x01', '\\x02', 'c5', false, 1000, NULL, NULL, NULL, 0"),
+                ("scan_tenant", false, true, "NULL, '\\x01', '\\x02', 'c5', false, 1000, '\\x01', NULL, NULL, 0"),
+                ("scan_tenant_first", true, true, "NULL, '\\x', '\\x', '', true, 1000, '\\x01', NULL, NULL, 8"),
+            ] {
+                let text = q(&super::super::transfer::scan_text(start, tenant));
+                let plan = explain(&client, name, &text, args).await;
+                assert!(
+                    plan.contains("records_pkey") && plan.contains("Index Cond"),
+                    "{name} does not start from its position in the primary key:\n{plan}"
+                );
             }
             client
                 .batch_execute(&format!("DROP SCHEMA {s} CASCADE"))
