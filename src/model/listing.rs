@@ -146,21 +146,25 @@ impl Query {
     }
 
     /// The tenant asked for, if one is.
+    #[cfg(feature = "postgres")]
     pub(crate) fn tenant_filter(&self) -> Option<&str> {
         self.tenant.as_deref()
     }
 
     /// The endpoint asked for, if one is.
+    #[cfg(feature = "postgres")]
     pub(crate) fn endpoint_filter(&self) -> Option<&str> {
         self.endpoint.as_deref()
     }
 
     /// The claim time records must be before, if one is given.
+    #[cfg(feature = "postgres")]
     pub(crate) fn claimed_before_filter(&self) -> Option<SystemTime> {
         self.claimed_before
     }
 
     /// The statuses asked for as bits of `1 << status` (in declaration order); 0 for all.
+    #[cfg(feature = "postgres")]
     pub(crate) fn status_bits(&self) -> u8 {
         self.statuses
     }
