@@ -942,15 +942,7 @@ fn a_bad_import_names_its_line_and_imports_nothing() {
         .schema(schema("badimport"))
         .connect(&url())
         .unwrap();
-    let file_dir = tempfile::tempdir().unwrap();
-    let file = Store::open(file_dir.path().join("s.idem")).unwrap();
-    let Claim::Acquired(t) = file.claim(&scope(), "k", Fingerprint::of(b"x")).unwrap() else {
-        panic!()
-    };
-    file.complete(t, Response::new(201, "ok")).unwrap();
-    let mut lines = Vec::new();
-    file.export(&mut lines).unwrap();
-    let good = String::from_utf8(lines).unwrap();
+    let (_dir, file, good) = one_completion_exported();
     let input = format!("{good}{{\"v\":1,\"tenant\":\"t\"}}\n");
     match shared.import(input.as_bytes()) {
         Err(Error::InvalidImport { line: 2, reason }) => {
@@ -971,20 +963,27 @@ fn a_bad_import_names_its_line_and_imports_nothing() {
     assert_eq!(shared.import(good.as_bytes()).unwrap(), 1);
 }
 
-/// An import streams its input a page at a time (1,000 records) into one transaction: a bad
-/// line after several pages were inserted leaves nothing imported, and the whole input
-/// imports, across pages, with every record answering afterwards.
-#[test]
-fn an_import_of_many_pages_is_all_or_nothing() {
+/// A file store holding one completion (key `k`, fingerprint of `x`, 201 `ok`), and its
+/// export's line.
+fn one_completion_exported() -> (tempfile::TempDir, Store, String) {
     let dir = tempfile::tempdir().unwrap();
     let file = Store::open(dir.path().join("s.idem")).unwrap();
     let Claim::Acquired(t) = file.claim(&scope(), "k", Fingerprint::of(b"x")).unwrap() else {
         panic!()
     };
     file.complete(t, Response::new(201, "ok")).unwrap();
-    let mut one = Vec::new();
-    file.export(&mut one).unwrap();
-    let template: serde_json::Value = serde_json::from_slice(&one).unwrap();
+    let mut lines = Vec::new();
+    file.export(&mut lines).unwrap();
+    (dir, file, String::from_utf8(lines).unwrap())
+}
+
+/// An import streams its input a page at a time (1,000 records) into one transaction: a bad
+/// line after several pages were inserted leaves nothing imported, and the whole input
+/// imports, across pages, with every record answering afterwards.
+#[test]
+fn an_import_of_many_pages_is_all_or_nothing() {
+    let (_dir, _file, one) = one_completion_exported();
+    let template: serde_json::Value = serde_json::from_str(&one).unwrap();
     let lines: String = (0..2_500u64)
         .map(|i| {
             let mut record = template.clone();

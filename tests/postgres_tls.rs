@@ -9,7 +9,9 @@
 //!   not match; `verify-ca` to `127.0.0.1` serves (the chain is all it checks);
 //! - `require` and `prefer` serve without checking; `disable` is refused by the server
 //!   (`Error::Database`, SQLSTATE 28000), never a panic;
-//! - a missing root file is `Error::Tls` naming it, before anything is sent;
+//! - a missing root file is `Error::Tls` naming it, before anything is sent; `require` with a
+//!   root file checks the chain; the platform's roots (`sslrootcert=system`) do not vouch for
+//!   the test CA;
 //! - the role `idemdb_cert` logs in with its client certificate, and is refused without one;
 //! - the builder's settings do what the connection string's do.
 //!
@@ -181,22 +183,35 @@ fn checks(dir: &Path) {
             other.map(|_| "a store")
         ),
     }
-    // The builder's settings, over a URL that names none.
-    serves(
-        "verify-full from the builder",
+    // The builder's settings, over a URL that names none, or another mode.
+    let verify_full = || {
         Store::builder()
             .schema("tls_checks")
             .ssl_mode(SslMode::VerifyFull)
             .ssl_root_cert(&ca)
-            .connect(&url("localhost", "")),
+    };
+    serves(
+        "verify-full from the builder",
+        verify_full().connect(&url("localhost", "")),
     );
     tls_refused(
         "the builder's verify-full over a URL's require, to a host not named",
-        Store::builder()
-            .schema("tls_checks")
-            .ssl_mode(SslMode::VerifyFull)
-            .ssl_root_cert(&ca)
-            .connect(&url("127.0.0.1", "sslmode=require")),
+        verify_full().connect(&url("127.0.0.1", "sslmode=require")),
         "does not name the host",
+    );
+    // require with a root file checks the chain, as verify-ca (libpq's rule).
+    tls_refused(
+        "require with a root file, another CA",
+        connect(&url(
+            "127.0.0.1",
+            &format!("sslmode=require {}", root(&path(dir, "other-ca.crt"))),
+        )),
+        "not signed by any root",
+    );
+    // The platform's roots do not hold the test CA (or there are none): refused either way.
+    tls_refused(
+        "verify-full with sslrootcert=system",
+        connect(&url("localhost", "sslmode=verify-full sslrootcert=system")),
+        "sslrootcert",
     );
 }

@@ -840,20 +840,44 @@ fn flip_a_bit_in_every_record(path: &std::path::Path, at: impl Fn(usize) -> usiz
 fn creating_a_store_leaves_only_the_store_file_its_journal_and_its_reserve() {
     let f = Fixture::file();
     drop(f.open());
-    let mut names: Vec<_> = std::fs::read_dir(f.path.parent().unwrap())
-        .unwrap()
-        .map(|e| e.unwrap().file_name().into_string().unwrap())
-        .collect();
-    names.sort();
     let store = f.path.file_name().unwrap().to_str().unwrap();
     assert_eq!(
-        names,
+        files_beside(&f.path),
         [
             store.to_owned(),
             format!("{store}-journal"),
             format!("{store}-reserve")
         ]
     );
+    // Made with its blocks: three journals of the default 16 MiB.
+    let reserve = f.path.with_file_name(format!("{store}-reserve"));
+    assert_eq!(std::fs::metadata(reserve).unwrap().len(), 48 << 20);
+}
+
+/// `reserve_size(0)` keeps no reserve: no file is made (and no claim is refused for space).
+#[test]
+fn a_store_without_a_reserve_makes_no_reserve_file() {
+    let f = Fixture::file();
+    let store = Store::builder().reserve_size(0).open(&f.path).unwrap();
+    let t = acquire(&store, &pay(), "k", "{}");
+    store.complete(t, Response::new(200, "ok")).unwrap();
+    assert!(!store.stats().disk_full);
+    drop(store);
+    let name = f.path.file_name().unwrap().to_str().unwrap();
+    assert_eq!(
+        files_beside(&f.path),
+        [name.to_owned(), format!("{name}-journal")]
+    );
+}
+
+/// The names of the files in the store file's directory, sorted.
+fn files_beside(path: &std::path::Path) -> Vec<String> {
+    let mut names: Vec<_> = std::fs::read_dir(path.parent().unwrap())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    names
 }
 
 /// An empty file where a store should be cannot be told from a store truncated to nothing:

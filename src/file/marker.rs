@@ -24,9 +24,7 @@ pub(crate) struct OpenMarker {
 
 /// Where the marker of the store at `store` lives.
 pub(crate) fn marker_path(store: &Path) -> PathBuf {
-    let mut name = store.as_os_str().to_owned();
-    name.push("-opening");
-    name.into()
+    crate::file::platform::beside(store, "-opening")
 }
 
 impl OpenMarker {

@@ -35,13 +35,25 @@ pub(crate) fn sync_data(file: &File) -> io::Result<()> {
     file.sync_data()
 }
 
-/// Makes a new file's directory entry durable: `fsync(2)` of its parent directory.
-pub(crate) fn sync_parent_dir(path: &Path) -> io::Result<()> {
-    let parent = match path.parent() {
+/// The file beside the store file at `store` named `<store file><suffix>` (its journal, its
+/// open marker, its reserve).
+pub(crate) fn beside(store: &Path, suffix: &str) -> std::path::PathBuf {
+    let mut name = store.as_os_str().to_owned();
+    name.push(suffix);
+    name.into()
+}
+
+/// The directory holding the file at `path` (`.` for a bare file name).
+pub(crate) fn parent_dir(path: &Path) -> &Path {
+    match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
-    };
-    File::open(parent)?.sync_all()
+    }
+}
+
+/// Makes a new file's directory entry durable: `fsync(2)` of its parent directory.
+pub(crate) fn sync_parent_dir(path: &Path) -> io::Result<()> {
+    File::open(parent_dir(path))?.sync_all()
 }
 
 /// Drops the page cache of the file at `path` (nothing if there is no such file), so that the

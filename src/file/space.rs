@@ -48,9 +48,7 @@ pub(crate) const GROWTH: u64 = 3;
 
 /// The reserve file of the store at `store`: `<store>-reserve`.
 pub(crate) fn reserve_path(store: &Path) -> PathBuf {
-    let mut name = store.as_os_str().to_os_string();
-    name.push("-reserve");
-    PathBuf::from(name)
+    platform::beside(store, "-reserve")
 }
 
 /// A store file's free space and its reserve.
@@ -61,7 +59,8 @@ pub(crate) fn reserve_path(store: &Path) -> PathBuf {
 /// never deleted.
 #[derive(Debug)]
 pub(crate) struct Space {
-    reserve: PathBuf,
+    /// The directory of the store's files, whose filesystem is measured.
+    dir: PathBuf,
     /// `R`.
     bytes: u64,
     /// The reserve file, locked; its lock is also held while the space is measured.
@@ -87,7 +86,8 @@ impl Space {
     /// [`Error::AlreadyOpen`] if another handle holds it; [`Error::Io`] if the free space
     /// cannot be read or the file cannot be made.
     pub(crate) fn lock(store: &Path, bytes: u64) -> Result<Option<Space>> {
-        if bytes == 0 || platform::available_bytes(&directory(store))?.is_none() {
+        let dir = platform::parent_dir(store).to_owned();
+        if bytes == 0 || platform::available_bytes(&dir)?.is_none() {
             return Ok(None);
         }
         let reserve = reserve_path(store);
@@ -110,7 +110,7 @@ impl Space {
         }
         let held = file.metadata()?.len() >= bytes;
         Ok(Some(Space {
-            reserve,
+            dir,
             bytes,
             file: Mutex::new(file),
             held: AtomicBool::new(held),
@@ -130,7 +130,7 @@ impl Space {
     /// [`Error::Io`] if the free space cannot be read or the reserve cannot be truncated.
     pub(crate) fn before_recovery(&self) -> Result<bool> {
         let file = self.file.lock();
-        let available = platform::available_bytes(&directory(&self.reserve))?.unwrap_or(0);
+        let available = platform::available_bytes(&self.dir)?.unwrap_or(0);
         let len = file.metadata()?.len();
         if len > 0 && (len < self.bytes || available < self.bytes) {
             file.set_len(0)?;
@@ -141,7 +141,7 @@ impl Space {
     }
 
     /// Whether the reserve file holds its bytes.
-    pub(crate) fn held(&self) -> bool {
+    fn held(&self) -> bool {
         self.held.load(Ordering::Acquire)
     }
 
@@ -192,7 +192,7 @@ impl Space {
     }
 
     fn measure_locked(&self, file: &std::fs::File, written: u64) {
-        let free = || platform::available_bytes(&directory(&self.reserve));
+        let free = || platform::available_bytes(&self.dir);
         let Ok(Some(mut available)) = free() else {
             // Unreadable now: the last verdict stands.
             return;
@@ -227,7 +227,7 @@ impl Space {
     }
 
     /// The error a refused claim gets.
-    pub(crate) fn refusal(&self) -> Error {
+    fn refusal(&self) -> Error {
         Error::DiskFull {
             available: self.available.load(Ordering::Relaxed),
             needed: self.needed(),
@@ -243,12 +243,4 @@ fn make(file: &std::fs::File, bytes: u64) -> std::io::Result<()> {
         let _ = file.set_len(0);
     }
     made
-}
-
-/// The directory the store's files are in.
-fn directory(file: &Path) -> PathBuf {
-    match file.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_owned(),
-        _ => PathBuf::from("."),
-    }
 }

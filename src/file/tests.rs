@@ -617,19 +617,9 @@ fn edit_file_keeping_count(
 /// head was rebuilt away, and its key ran again.
 #[test]
 fn a_records_table_shorter_than_its_count_is_refused() {
-    use crate::file::layout::RECORDS;
-    use redb::ReadableTable;
     let disk = SimDisk::new();
     store_with_heads(&disk, 20);
-    edit_file_keeping_count(
-        &disk,
-        |txn| {
-            let mut records = txn.open_table(RECORDS).unwrap();
-            let first = records.first().unwrap().unwrap().0.value();
-            records.remove(first).unwrap();
-        },
-        false,
-    );
+    lose_the_first_record(&disk, false);
     for _ in 0..2 {
         match StoreBuilder::default().open_simulated(&disk) {
             Err(Error::Corrupted {
@@ -642,6 +632,24 @@ fn a_records_table_shorter_than_its_count_is_refused() {
             other => panic!("a record lost from the table must refuse the open, got {other:?}"),
         }
     }
+}
+
+/// Deletes the record of the lowest fence with redb, as damage to the records table would,
+/// keeping `record_count` in step with it (`count`) or not; returns its fence.
+fn lose_the_first_record(disk: &SimDisk, count: bool) -> u64 {
+    use crate::file::layout::RECORDS;
+    use redb::ReadableTable;
+    let mut lost = 0;
+    edit_file_keeping_count(
+        disk,
+        |txn| {
+            let mut records = txn.open_table(RECORDS).unwrap();
+            lost = records.first().unwrap().unwrap().0.value();
+            records.remove(lost).unwrap();
+        },
+        count,
+    );
+    lost
 }
 
 fn file_meta(disk: &SimDisk) -> crate::file::layout::Meta {
@@ -812,8 +820,7 @@ fn a_format_3_file_drops_its_expiry_table_at_its_first_open_and_still_purges() {
 /// then on a record lost from its table is refused.
 #[test]
 fn a_format_4_file_is_counted_at_its_first_open_and_then_guarded_by_its_count() {
-    use crate::file::layout::{FORMAT_KEY, META, RECORDS, RECORD_COUNT_KEY, STORE_FORMAT};
-    use redb::ReadableTable;
+    use crate::file::layout::{FORMAT_KEY, META, RECORD_COUNT_KEY, STORE_FORMAT};
     let disk = SimDisk::new();
     ten_paid_and_one_held(open(&disk));
     edit_file_keeping_count(
@@ -834,15 +841,7 @@ fn a_format_4_file_is_counted_at_its_first_open_and_then_guarded_by_its_count() 
     assert_eq!(file_meta(&disk).format, STORE_FORMAT);
     assert_eq!(file_meta(&disk).record_count, Some(11));
     drop(open(&disk));
-    edit_file_keeping_count(
-        &disk,
-        |txn| {
-            let mut records = txn.open_table(RECORDS).unwrap();
-            let first = records.first().unwrap().unwrap().0.value();
-            records.remove(first).unwrap();
-        },
-        false,
-    );
+    lose_the_first_record(&disk, false);
     assert!(matches!(
         StoreBuilder::default().open_simulated(&disk),
         Err(Error::Corrupted {
@@ -917,16 +916,9 @@ fn damaged_or_missing_heads_are_rebuilt_from_the_records() {
 /// forget it, and its key would run again). See also `tests/damage_cases.rs`.
 #[test]
 fn a_record_missing_under_a_valid_head_is_refused_not_rebuilt_away() {
-    use crate::file::layout::RECORDS;
-    use redb::ReadableTable;
     let disk = SimDisk::new();
     store_with_heads(&disk, 30);
-    let mut lost = 0;
-    edit_file(&disk, |txn| {
-        let mut records = txn.open_table(RECORDS).unwrap();
-        lost = records.first().unwrap().unwrap().0.value();
-        records.remove(lost).unwrap();
-    });
+    let lost = lose_the_first_record(&disk, true);
     for _ in 0..2 {
         match StoreBuilder::default().open_simulated(&disk) {
             Err(Error::Corrupted {

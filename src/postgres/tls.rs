@@ -235,19 +235,10 @@ fn key_values(s: &str) -> Result<Vec<(String, String)>> {
 }
 
 /// How connections are made: plain, or with TLS as the settings say.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub(crate) enum Connector {
     Plain,
     Rustls(MakeRustls),
-}
-
-impl std::fmt::Debug for Connector {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Connector::Plain => f.write_str("Plain"),
-            Connector::Rustls(_) => f.write_str("Rustls"),
-        }
-    }
 }
 
 /// The `system` root store name, as libpq spells it.
@@ -289,7 +280,7 @@ impl Connector {
         // decrypted by a future quantum computer, which aws-lc-rs's hybrid exchange prevents).
         #[allow(deprecated)]
         let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let chain = || webpki(&root_store(settings.root_cert.as_deref(), mode)?, &provider);
+        let chain = || webpki(root_store(settings.root_cert.as_deref(), mode)?, &provider);
         let lenient = |chain| -> Arc<dyn ServerCertVerifier> {
             Arc::new(Lenient {
                 chain,
@@ -344,23 +335,28 @@ impl Connector {
             None => super::rows::db_error(e),
         };
         match self {
-            Connector::Plain => {
-                let (client, connection) =
-                    pg.connect(tokio_postgres::NoTls).await.map_err(failed)?;
-                tokio::spawn(async move {
-                    let _ = connection.await;
-                });
-                Ok(client)
-            }
-            Connector::Rustls(make) => {
-                let (client, connection) = pg.connect(make.clone()).await.map_err(failed)?;
-                tokio::spawn(async move {
-                    let _ = connection.await;
-                });
-                Ok(client)
-            }
+            Connector::Plain => run(pg, tokio_postgres::NoTls).await,
+            Connector::Rustls(make) => run(pg, make.clone()).await,
         }
+        .map_err(failed)
     }
+}
+
+/// Connects with `tls`, and runs the connection on the current runtime until the client is
+/// dropped.
+async fn run<T>(
+    pg: &tokio_postgres::Config,
+    tls: T,
+) -> std::result::Result<tokio_postgres::Client, tokio_postgres::Error>
+where
+    T: MakeTlsConnect<tokio_postgres::Socket>,
+    T::Stream: Send + 'static,
+{
+    let (client, connection) = pg.connect(tls).await?;
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    Ok(client)
 }
 
 fn tls(reason: String) -> Error {
@@ -419,10 +415,10 @@ fn root_store(path: Option<&Path>, mode: SslMode) -> Result<RootCertStore> {
 }
 
 fn webpki(
-    roots: &RootCertStore,
+    roots: RootCertStore,
     provider: &Arc<CryptoProvider>,
 ) -> Result<Arc<WebPkiServerVerifier>> {
-    WebPkiServerVerifier::builder_with_provider(Arc::new(roots.clone()), Arc::clone(provider))
+    WebPkiServerVerifier::builder_with_provider(Arc::new(roots), Arc::clone(provider))
         .build()
         .map_err(|e| tls(format!("the root certificates cannot verify anything: {e}")))
 }
@@ -531,7 +527,7 @@ impl ServerCertVerifier for Lenient {
 }
 
 /// tokio-postgres's TLS hook, with rustls.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub(crate) struct MakeRustls {
     config: Arc<ClientConfig>,
 }
@@ -618,36 +614,37 @@ impl<S: AsyncRead + AsyncWrite + Unpin> TlsStream for RustlsStream<S> {
 mod tests {
     use super::*;
 
+    /// Both forms of a connection string: the TLS parameters are taken out, decoded, and the
+    /// rest is kept as tokio-postgres reads it.
     #[test]
-    fn tls_parameters_are_taken_out_of_a_url_and_the_rest_is_kept() {
-        let (rest, s) = split(
-            "postgres://u@db.example:5432/idem?sslmode=verify-full&sslrootcert=%2Fetc%2Fca.pem&application_name=x",
-        )
-        .unwrap();
-        assert_eq!(rest, "postgres://u@db.example:5432/idem?application_name=x");
-        assert_eq!(s.mode, Some(SslMode::VerifyFull));
-        assert_eq!(s.root_cert.as_deref(), Some(Path::new("/etc/ca.pem")));
-        let (rest, s) = split("postgresql://h/d?sslmode=disable").unwrap();
-        assert_eq!(
-            (rest.as_str(), s.mode),
-            ("postgresql://h/d", Some(SslMode::Disable))
-        );
-    }
-
-    #[test]
-    fn tls_parameters_are_taken_out_of_key_value_pairs() {
-        let (rest, s) = split(
-            "host=127.0.0.1 port = 5 sslmode=verify-ca sslrootcert='/a b/c\\'s.pem' sslcert=/c.pem sslkey=/k.pem user=postgres",
-        )
-        .unwrap();
-        assert_eq!(rest, "host='127.0.0.1' port='5' user='postgres'");
-        assert_eq!(s.mode, Some(SslMode::VerifyCa));
-        assert_eq!(s.root_cert.as_deref(), Some(Path::new("/a b/c's.pem")));
-        assert_eq!(
-            s.client_cert,
-            Some((PathBuf::from("/c.pem"), PathBuf::from("/k.pem")))
-        );
-        let parsed: tokio_postgres::Config = rest.parse().unwrap();
+    fn tls_parameters_are_taken_out_and_the_rest_is_kept() {
+        let client = Some((PathBuf::from("/c.pem"), PathBuf::from("/k.pem")));
+        for (input, kept, mode, root, client) in [
+            (
+                "postgres://u@db.example:5432/idem?sslmode=verify-full&sslrootcert=%2Fetc%2Fca.pem&application_name=x",
+                "postgres://u@db.example:5432/idem?application_name=x",
+                SslMode::VerifyFull,
+                Some("/etc/ca.pem"),
+                None,
+            ),
+            ("postgresql://h/d?sslmode=disable", "postgresql://h/d", SslMode::Disable, None, None),
+            (
+                "host=127.0.0.1 port = 5 sslmode=verify-ca sslrootcert='/a b/c\\'s.pem' sslcert=/c.pem sslkey=/k.pem user=postgres",
+                "host='127.0.0.1' port='5' user='postgres'",
+                SslMode::VerifyCa,
+                Some("/a b/c's.pem"),
+                client,
+            ),
+        ] {
+            let (rest, s) = split(input).unwrap();
+            assert_eq!(rest, kept, "{input}");
+            assert_eq!(s.mode, Some(mode), "{input}");
+            assert_eq!(s.root_cert.as_deref(), root.map(Path::new), "{input}");
+            assert_eq!(s.client_cert, client, "{input}");
+            let _: tokio_postgres::Config = rest.parse().unwrap();
+        }
+        let parsed: tokio_postgres::Config =
+            "host='127.0.0.1' port='5' user='postgres'".parse().unwrap();
         assert_eq!(parsed.get_user(), Some("postgres"));
     }
 

@@ -7,9 +7,7 @@ use std::path::{Path, PathBuf};
 
 /// Where a store's journal lives: `<store file>-journal`, beside it.
 pub(crate) fn journal_path(store: &Path) -> PathBuf {
-    let mut name = store.as_os_str().to_owned();
-    name.push("-journal");
-    name.into()
+    crate::file::platform::beside(store, "-journal")
 }
 
 /// Opens (creating if need be) the journal file at `path`, and makes its directory entry
