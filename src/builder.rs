@@ -357,6 +357,17 @@ impl StoreBuilder {
         self
     }
 
+    /// PostgreSQL: whether the connections are the store's own server sessions
+    /// ([`crate::PoolMode::Session`], the default) or go through a pooler in transaction mode
+    /// such as PgBouncer's `pool_mode = transaction` ([`crate::PoolMode::Transaction`]: no
+    /// prepared statements, no session settings), over the connection string's `pool_mode=`.
+    /// See `docs/postgres.md`, "Through PgBouncer".
+    #[cfg(feature = "postgres")]
+    pub fn pool_mode(mut self, mode: crate::PoolMode) -> Self {
+        self.config.pool_mode = Some(mode);
+        self
+    }
+
     /// Connects to the PostgreSQL database at `url`, creating or checking the store's schema.
     /// `url` is a connection string in either of libpq's forms, a `postgres://` URL or
     /// `key=value` pairs, several hosts with `target_session_attrs=read-write` included, as

@@ -112,6 +112,9 @@ pub(crate) struct Config {
     /// PostgreSQL: TLS settings from the builder, over the connection string's.
     #[cfg(feature = "postgres")]
     pub(crate) tls: crate::postgres::tls::Settings,
+    /// PostgreSQL: the builder's pool mode, over the connection string's.
+    #[cfg(feature = "postgres")]
+    pub(crate) pool_mode: Option<crate::PoolMode>,
 }
 
 impl Default for Config {
@@ -148,6 +151,8 @@ impl Default for Config {
             batch_limit: 512,
             #[cfg(feature = "postgres")]
             tls: crate::postgres::tls::Settings::default(),
+            #[cfg(feature = "postgres")]
+            pool_mode: None,
         }
     }
 }

@@ -80,6 +80,7 @@ pub use model::response::{Response, MAX_RESPONSE_LIMIT};
 pub use model::scope::{validate_key, Scope, MAX_ENDPOINT_LEN, MAX_KEY_LEN, MAX_TENANT_LEN};
 pub use model::ticket::Ticket;
 #[cfg(feature = "postgres")]
+pub use postgres::pooler::PoolMode;
 pub use postgres::tls::SslMode;
 pub use stats::Stats;
 pub use store::Store;

@@ -90,6 +90,25 @@ fn acquired(claim: idemdb::Result<Claim>) -> idemdb::Ticket {
     }
 }
 
+/// A new role whose sessions default to `synchronous_commit = level`, allowed to create a
+/// schema, and the name of a schema for it: `(role, schema)`.
+fn role_committing_with(
+    rt: &tokio::runtime::Runtime,
+    admin: &Client,
+    test: &str,
+    level: &str,
+) -> (String, String) {
+    let role = format!("{test}_sc_{level}_{}", std::process::id());
+    let schema = schema(&format!("{test}_{level}"));
+    rt.block_on(admin.batch_execute(&format!(
+        "DROP SCHEMA IF EXISTS {schema} CASCADE; DROP ROLE IF EXISTS {role};
+         CREATE ROLE {role} LOGIN; GRANT CREATE ON DATABASE idem TO {role};
+         ALTER ROLE {role} SET synchronous_commit = {level};"
+    )))
+    .unwrap();
+    (role, schema)
+}
+
 /// A role whose sessions default to `synchronous_commit = off` (or `local`, `remote_write`)
 /// would let a commit be acknowledged before its WAL is on disk. Every session of the store
 /// runs with `on` all the same, and a role that asks for the stronger `remote_apply` keeps it.
@@ -105,14 +124,7 @@ fn every_session_commits_durably_whatever_the_roles_default() {
         ("remote_write", "on"),
         ("remote_apply", "remote_apply"),
     ] {
-        let role = format!("promise_sc_{default}_{}", std::process::id());
-        let schema = schema(&format!("sc_{default}"));
-        rt.block_on(admin.batch_execute(&format!(
-            "DROP SCHEMA IF EXISTS {schema} CASCADE; DROP ROLE IF EXISTS {role};
-             CREATE ROLE {role} LOGIN; GRANT CREATE ON DATABASE idem TO {role};
-             ALTER ROLE {role} SET synchronous_commit = {default};"
-        )))
-        .unwrap();
+        let (role, schema) = role_committing_with(&rt, &admin, "sc", default);
         let role_url = format!("{} user={role}", url());
         // The role's default is what a plain session of it gets.
         let plain = rt.block_on(outside(&role_url));
@@ -161,6 +173,51 @@ fn every_session_commits_durably_whatever_the_roles_default() {
         drop(plain);
         rt.block_on(admin.batch_execute(&format!(
             "DROP SCHEMA {schema} CASCADE; REVOKE CREATE ON DATABASE idem FROM {role};
+             DROP ROLE {role};"
+        )))
+        .unwrap();
+    }
+}
+
+/// Behind a transaction pooler the store may not set its sessions' `synchronous_commit` (a
+/// `SET` would stay on a server session other clients then use, and the store's next
+/// transaction may run on another one). A role whose sessions would commit without waiting
+/// for the WAL is refused at connect, with the setting to make; nothing is created.
+#[test]
+fn behind_a_transaction_pooler_a_role_without_durable_commits_is_refused() {
+    let _shared = SERVER.read().unwrap_or_else(|e| e.into_inner());
+    let rt = runtime();
+    let admin = rt.block_on(outside(&url()));
+    for default in ["off", "local", "remote_write", "on", "remote_apply"] {
+        let (role, schema) = role_committing_with(&rt, &admin, "pooled", default);
+        let result = Store::builder()
+            .schema(schema.clone())
+            .connect(&format!("{} user={role} pool_mode=transaction", url()));
+        let made: i64 = rt
+            .block_on(admin.query_one(
+                "SELECT count(*) FROM pg_namespace WHERE nspname = $1",
+                &[&schema],
+            ))
+            .unwrap()
+            .get(0);
+        match (default, result) {
+            ("on" | "remote_apply", Ok(store)) => {
+                let t = acquired(store.claim(&scope(), "k", Fingerprint::of(b"pay")));
+                store.complete(t, Response::new(201, "ok")).unwrap();
+                assert_eq!(made, 1);
+            }
+            (_, Err(idemdb::Error::Database { reason, .. })) => {
+                assert!(
+                    reason.contains(&format!("synchronous_commit = {default}"))
+                        && reason.contains("ALTER ROLE"),
+                    "{reason}"
+                );
+                assert_eq!(made, 0, "a refused connect made the schema");
+            }
+            (_, other) => panic!("role default {default}: {other:?}"),
+        }
+        rt.block_on(admin.batch_execute(&format!(
+            "DROP SCHEMA IF EXISTS {schema} CASCADE; REVOKE CREATE ON DATABASE idem FROM {role};
              DROP ROLE {role};"
         )))
         .unwrap();

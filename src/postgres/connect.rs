@@ -4,9 +4,11 @@
 use super::bridge::block;
 use super::clock::{clock_adjustment, DatabaseClock};
 use super::pool::Pool;
+use super::pooler::PoolMode;
 use super::rows::{db_error, millis_column};
 use super::scheduler::{self, ClaimParams};
-use super::tls::{self, Connector};
+use super::tls::Connector;
+use super::url;
 use super::{schema, sql, PgStore, Shared};
 use crate::config::{Config, StalePolicy};
 use crate::error::{Error, Result};
@@ -29,6 +31,7 @@ fn random_owner() -> String {
 pub(crate) struct Database {
     pub(crate) config: tokio_postgres::Config,
     pub(crate) connector: Connector,
+    pub(crate) pool_mode: PoolMode,
 }
 
 impl Database {
@@ -52,13 +55,17 @@ pub(crate) fn connect(mut config: Config, url: &str) -> Result<PgStore> {
             what: format!("{name} on PostgreSQL (store files only, for now)"),
         });
     }
-    let (url, tls) = tls::split(url)?;
+    let (url, parameters) = url::split(url)?;
     let mut pg: tokio_postgres::Config = url.parse().map_err(|e| Error::Database {
         sqlstate: None,
         reason: format!("invalid connection string: {e}"),
         driver: None,
     })?;
-    let connector = Connector::new(&tls.overridden_by(&config.tls), &mut pg)?;
+    let connector = Connector::new(&parameters.tls.overridden_by(&config.tls), &mut pg)?;
+    let pool_mode = config
+        .pool_mode
+        .or(parameters.pool_mode)
+        .unwrap_or_default();
     if pg.get_application_name().is_none() {
         pg.application_name("idemdb");
     }
@@ -106,6 +113,7 @@ pub(crate) fn connect(mut config: Config, url: &str) -> Result<PgStore> {
                     let database = Database {
                         config: pg,
                         connector,
+                        pool_mode,
                     };
                     let context =
                         match start(database, schema, (pool_size, batch_limit), params, adjust)
@@ -150,10 +158,10 @@ pub(super) async fn start(
 ) -> Result<scheduler::Context> {
     let mut client = database.connect().await?;
     schema::check_durability(&client).await?;
-    schema::make_commits_durable(&client).await?;
+    schema::make_commits_durable(&client, database.pool_mode).await?;
     schema::migrate(&mut client, &schema).await?;
     params.incarnation = client
-        .query_one(&schema::qualify(sql::INCARNATION, &schema), &[])
+        .query_typed_one(&schema::qualify(sql::INCARNATION, &schema), &[])
         .await
         .map_err(db_error)?
         .get(0);

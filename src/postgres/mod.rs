@@ -24,12 +24,14 @@ mod maintenance;
 mod operations;
 mod plans;
 mod pool;
+pub(crate) mod pooler;
 mod rows;
 mod scheduler;
 mod schema;
 mod sql;
 pub(crate) mod tls;
 mod transfer;
+mod url;
 
 use crate::config::Config;
 use crate::error::{Error, Result};

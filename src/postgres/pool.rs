@@ -1,34 +1,187 @@
-//! The connections: each with its prepared statements, at most `pool_size` in use,
-//! reconnected when one is found closed; and the statements run on them, again while they
-//! fail without effect.
+//! The connections: each with its hot statements, at most `pool_size` in use, reconnected
+//! when one is found closed; and the statements run on them, again while they fail without
+//! effect.
+//!
+//! A hot statement is prepared once per connection ([`PoolMode::Session`]). Every other
+//! statement, and every statement behind a transaction pooler ([`PoolMode::Transaction`]),
+//! is sent unnamed with its text and its parameters' types: one round trip, nothing left on
+//! the server's session.
 
 use super::connect::Database;
+use super::pooler::PoolMode;
 use super::rows::db_error;
 use super::sql;
 use crate::error::Result;
 use crate::sync::{Arc, AtomicBool, Ordering};
+use std::sync::OnceLock;
 use tokio::sync::{Mutex as AsyncMutex, OwnedSemaphorePermit, Semaphore};
 use tokio_postgres::error::{Severity, SqlState};
-use tokio_postgres::types::ToSql;
+use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, Row, Statement};
 
-/// One connection with its prepared statements.
+/// A statement the pool runs.
+pub(crate) trait Sql: Sync {
+    /// Its text, as sent unnamed.
+    fn text(&self) -> &str;
+    /// The statement prepared on the connection, if it is.
+    fn prepared(&self) -> Option<&Statement> {
+        None
+    }
+    /// Its parameters' types, once known (a hot statement keeps them).
+    fn known_types(&self) -> Option<&OnceLock<Vec<Type>>> {
+        None
+    }
+}
+
+impl Sql for str {
+    fn text(&self) -> &str {
+        self
+    }
+}
+
+impl Sql for String {
+    fn text(&self) -> &str {
+        self
+    }
+}
+
+/// One of the statements every batch uses: prepared on its connection, or (behind a
+/// transaction pooler) its text, with its parameters' types as the first run found them.
+pub(crate) struct Hot {
+    text: String,
+    prepared: Option<Statement>,
+    types: OnceLock<Vec<Type>>,
+}
+
+impl Sql for Hot {
+    fn text(&self) -> &str {
+        &self.text
+    }
+    fn prepared(&self) -> Option<&Statement> {
+        self.prepared.as_ref()
+    }
+    fn known_types(&self) -> Option<&OnceLock<Vec<Type>>> {
+        Some(&self.types)
+    }
+}
+
+/// The types an unnamed statement's parameters are sent as: for each value, the first of
+/// these its `ToSql` accepts. Every value the engine sends is one of them; the statements'
+/// texts cast where a column has another type.
+const CANDIDATES: [Type; 14] = [
+    Type::BOOL,
+    Type::INT8,
+    Type::INT4,
+    Type::INT2,
+    Type::FLOAT8,
+    Type::TEXT,
+    Type::BYTEA,
+    Type::TIMESTAMPTZ,
+    Type::BOOL_ARRAY,
+    Type::INT8_ARRAY,
+    Type::INT4_ARRAY,
+    Type::INT2_ARRAY,
+    Type::TEXT_ARRAY,
+    Type::BYTEA_ARRAY,
+];
+
+/// The type `value` is sent as (see [`CANDIDATES`]); `TEXT` if none fits, which the driver
+/// then refuses with its own error, naming the value's type.
+fn type_of(value: &(dyn ToSql + Sync)) -> Type {
+    let mut scratch = bytes::BytesMut::new();
+    CANDIDATES
+        .iter()
+        .find(|ty| {
+            scratch.clear();
+            value.to_sql_checked(ty, &mut scratch).is_ok()
+        })
+        .cloned()
+        .unwrap_or(Type::TEXT)
+}
+
+/// `params` with the types they are sent as.
+fn typed<'a, S: Sql + ?Sized>(
+    statement: &S,
+    params: &'a [&'a (dyn ToSql + Sync)],
+) -> Vec<(&'a (dyn ToSql + Sync), Type)> {
+    let probe = || params.iter().map(|p| type_of(*p)).collect::<Vec<_>>();
+    let types = match statement.known_types() {
+        Some(known) => known.get_or_init(probe).clone(),
+        None => probe(),
+    };
+    params.iter().copied().zip(types).collect()
+}
+
+/// Runs `statement` for its rows: prepared if it is, else unnamed.
+async fn rows<S: Sql + ?Sized>(
+    client: &Client,
+    statement: &S,
+    params: &[&(dyn ToSql + Sync)],
+) -> std::result::Result<Vec<Row>, tokio_postgres::Error> {
+    match statement.prepared() {
+        Some(prepared) => client.query(prepared, params).await,
+        None => {
+            client
+                .query_typed(statement.text(), &typed(statement, params))
+                .await
+        }
+    }
+}
+
+/// Runs `statement` for its one row: prepared if it is, else unnamed.
+async fn one<S: Sql + ?Sized>(
+    client: &Client,
+    statement: &S,
+    params: &[&(dyn ToSql + Sync)],
+) -> std::result::Result<Row, tokio_postgres::Error> {
+    match statement.prepared() {
+        Some(prepared) => client.query_one(prepared, params).await,
+        None => {
+            client
+                .query_typed_one(statement.text(), &typed(statement, params))
+                .await
+        }
+    }
+}
+
+/// Runs `statement` for the number of rows it changed: prepared if it is, else unnamed.
+async fn changed<S: Sql + ?Sized>(
+    client: &Client,
+    statement: &S,
+    params: &[&(dyn ToSql + Sync)],
+) -> std::result::Result<u64, tokio_postgres::Error> {
+    match statement.prepared() {
+        Some(prepared) => client.execute(prepared, params).await,
+        None => {
+            use futures_util::TryStreamExt as _;
+            let typed = typed(statement, params);
+            let stream = client
+                .query_typed_raw(statement.text(), typed.iter().map(|(v, t)| (*v, t.clone())))
+                .await?;
+            futures_util::pin_mut!(stream);
+            while stream.try_next().await?.is_some() {}
+            Ok(stream.rows_affected().unwrap_or(0))
+        }
+    }
+}
+
+/// One connection with its hot statements.
 pub(crate) struct Conn {
     /// Reached only through [`query`], [`query_one`], [`execute`] and [`Conn::transaction`],
     /// so that every statement's failure can retire the connection.
     client: Client,
     /// Set when a statement failed in a way that ends the session (see [`Conn::usable`]).
     retired: AtomicBool,
-    pub(crate) claim: Statement,
-    pub(crate) claim_one: Statement,
-    pub(crate) claim_new: Statement,
-    pub(crate) complete: Statement,
-    pub(crate) complete_one: Statement,
-    pub(crate) release: Statement,
-    pub(crate) extend: Statement,
-    pub(crate) abandon: Statement,
-    pub(crate) get: Statement,
-    pub(crate) held: Statement,
+    pub(crate) claim: Hot,
+    pub(crate) claim_one: Hot,
+    pub(crate) claim_new: Hot,
+    pub(crate) complete: Hot,
+    pub(crate) complete_one: Hot,
+    pub(crate) release: Hot,
+    pub(crate) extend: Hot,
+    pub(crate) abandon: Hot,
+    pub(crate) get: Hot,
+    pub(crate) held: Hot,
 }
 
 impl Conn {
@@ -62,7 +215,8 @@ impl Conn {
         self.client.transaction().await
     }
 
-    /// Connects and prepares every hot statement (in one pipeline).
+    /// Connects and readies every hot statement: prepared (in one pipeline), or behind a
+    /// transaction pooler only their texts.
     pub(crate) async fn open(database: &Database, schema: &str) -> Result<Conn> {
         // Its connection runs until the client is dropped or the server goes away; the next
         // use of the client reports the error.
@@ -70,8 +224,7 @@ impl Conn {
         // Checked again on every connection: a reconnect may reach another server (a
         // failover through a multi-host URL).
         super::schema::check_durability(&client).await?;
-        super::schema::make_commits_durable(&client).await?;
-        super::plans::fix_plans(&client).await?;
+        super::schema::make_commits_durable(&client, database.pool_mode).await?;
         let texts = [
             sql::CLAIM,
             sql::CLAIM_ONE,
@@ -85,24 +238,36 @@ impl Conn {
             sql::HELD,
         ]
         .map(|text| super::schema::qualify(text, schema));
-        let prepared = futures_util::future::try_join_all(texts.iter().map(|t| client.prepare(t)))
-            .await
-            .map_err(db_error)?;
-        let [claim, claim_one, claim_new, complete, complete_one, release, extend, abandon, get, held] =
-            <[Statement; 10]>::try_from(prepared).expect("one statement per text");
+        let prepared = match database.pool_mode {
+            PoolMode::Session => {
+                super::plans::fix_plans(&client).await?;
+                let prepared =
+                    futures_util::future::try_join_all(texts.iter().map(|t| client.prepare(t)))
+                        .await
+                        .map_err(db_error)?;
+                prepared.into_iter().map(Some).collect()
+            }
+            PoolMode::Transaction => vec![None; texts.len()],
+        };
+        let mut hot = texts.into_iter().zip(prepared).map(|(text, prepared)| Hot {
+            text,
+            prepared,
+            types: OnceLock::new(),
+        });
+        let mut next = || hot.next().expect("one statement per text");
         Ok(Conn {
+            claim: next(),
+            claim_one: next(),
+            claim_new: next(),
+            complete: next(),
+            complete_one: next(),
+            release: next(),
+            extend: next(),
+            abandon: next(),
+            get: next(),
+            held: next(),
             client,
             retired: AtomicBool::new(false),
-            claim,
-            claim_one,
-            claim_new,
-            complete,
-            complete_one,
-            release,
-            extend,
-            abandon,
-            get,
-            held,
         })
     }
 }
@@ -193,15 +358,12 @@ where
 }
 
 /// Runs a statement for its rows, again while it fails without effect.
-pub(crate) async fn query<T>(
+pub(crate) async fn query<S: Sql + ?Sized>(
     conn: &Conn,
-    statement: &T,
+    statement: &S,
     params: &[&(dyn ToSql + Sync)],
-) -> std::result::Result<Vec<Row>, tokio_postgres::Error>
-where
-    T: ?Sized + tokio_postgres::ToStatement,
-{
-    let result = retrying(|| conn.client.query(statement, params)).await;
+) -> std::result::Result<Vec<Row>, tokio_postgres::Error> {
+    let result = retrying(|| rows(&conn.client, statement, params)).await;
     if let Err(e) = &result {
         conn.failed(e);
     }
@@ -209,15 +371,12 @@ where
 }
 
 /// Runs a statement for its one row, again while it fails without effect.
-pub(crate) async fn query_one<T>(
+pub(crate) async fn query_one<S: Sql + ?Sized>(
     conn: &Conn,
-    statement: &T,
+    statement: &S,
     params: &[&(dyn ToSql + Sync)],
-) -> std::result::Result<Row, tokio_postgres::Error>
-where
-    T: ?Sized + tokio_postgres::ToStatement,
-{
-    let result = retrying(|| conn.client.query_one(statement, params)).await;
+) -> std::result::Result<Row, tokio_postgres::Error> {
+    let result = retrying(|| one(&conn.client, statement, params)).await;
     if let Err(e) = &result {
         conn.failed(e);
     }
@@ -225,15 +384,12 @@ where
 }
 
 /// Runs a statement for the number of rows it changed, again while it fails without effect.
-pub(crate) async fn execute<T>(
+pub(crate) async fn execute<S: Sql + ?Sized>(
     conn: &Conn,
-    statement: &T,
+    statement: &S,
     params: &[&(dyn ToSql + Sync)],
-) -> std::result::Result<u64, tokio_postgres::Error>
-where
-    T: ?Sized + tokio_postgres::ToStatement,
-{
-    let result = retrying(|| conn.client.execute(statement, params)).await;
+) -> std::result::Result<u64, tokio_postgres::Error> {
+    let result = retrying(|| changed(&conn.client, statement, params)).await;
     if let Err(e) = &result {
         conn.failed(e);
     }

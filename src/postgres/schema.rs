@@ -2,6 +2,7 @@
 //! checked for a version this library can read. Also the durability settings each session
 //! runs with.
 
+use super::pooler::PoolMode;
 use super::rows::db_error;
 use super::sql::{CREATE, SCHEMA_VERSION};
 use crate::error::{Error, InputProblem, Result};
@@ -108,7 +109,7 @@ pub(crate) async fn migrate(client: &mut Client, schema: &str) -> Result<()> {
 /// [`Error::Database`] naming the setting.
 pub(crate) async fn check_durability(client: &Client) -> Result<()> {
     let fsync: String = client
-        .query_one("SELECT current_setting('fsync')", &[])
+        .query_typed_one("SELECT current_setting('fsync')", &[])
         .await
         .map_err(db_error)?
         .get(0);
@@ -128,23 +129,37 @@ pub(crate) async fn check_durability(client: &Client) -> Result<()> {
 /// WAL flushed locally, and on every synchronous standby named in
 /// `synchronous_standby_names`), unless the server already asks for `remote_apply`, which is
 /// stronger. `off`, `local` and `remote_write` are never kept: with them a commit can be
-/// acknowledged and then lost in a crash or a failover.
+/// acknowledged and then lost in a crash or a failover. Behind a transaction pooler the
+/// session is not the store's to set: such a level is refused instead.
 ///
 /// # Errors
-/// [`Error::Database`] if the server refuses the setting.
-pub(crate) async fn make_commits_durable(client: &Client) -> Result<()> {
+/// [`Error::Database`] if the server refuses the setting, or (in
+/// [`PoolMode::Transaction`]) names the level found and what to set.
+pub(crate) async fn make_commits_durable(client: &Client, mode: PoolMode) -> Result<()> {
     let level: String = client
-        .query_one("SELECT current_setting('synchronous_commit')", &[])
+        .query_typed_one("SELECT current_setting('synchronous_commit')", &[])
         .await
         .map_err(db_error)?
         .get(0);
-    if level != "remote_apply" && level != "on" {
-        client
+    if level == "remote_apply" || level == "on" {
+        return Ok(());
+    }
+    match mode {
+        PoolMode::Session => client
             .batch_execute("SET synchronous_commit = on")
             .await
-            .map_err(db_error)?;
+            .map_err(db_error),
+        PoolMode::Transaction => Err(Error::Database {
+            sqlstate: None,
+            reason: format!(
+                "behind a transaction pooler, the server's sessions run with synchronous_commit = \
+                 {level}, so an acknowledged claim could be lost in a crash, and idemdb may not \
+                 set it on a shared session: set it for the role (ALTER ROLE ... SET \
+                 synchronous_commit = on) or the server"
+            ),
+            driver: None,
+        }),
     }
-    Ok(())
 }
 
 #[cfg(test)]
