@@ -3,7 +3,9 @@
 //! (`GatewayBuilder::wait_for_in_flight`, blocking) and of the HTTP layer
 //! (`IdempotencyLayerBuilder::wait_for_in_flight`, async).
 //!
-//! Run with `cargo bench --bench wait_replay` (about half a minute). It prints a table.
+//! Run with `cargo bench --bench wait_replay` (about half a minute). It prints a table. With
+//! `scripts/with-postgres cargo bench --features postgres --bench wait_replay`, the same on
+//! PostgreSQL too, the duplicate on a second replica.
 //!
 //! Each round: the first attempt claims its key and its tool (handler) blocks; the duplicate
 //! starts and is left 1 to 29 ms to start waiting; then the tool returns, noting the
@@ -44,8 +46,11 @@ fn bench_dir() -> tempfile::TempDir {
 }
 
 /// The blocking gateway, one sample per round.
-fn gateway_rounds(store: &Store) -> Vec<Sample> {
+fn gateway_rounds(store: &Store, other: &Store) -> Vec<Sample> {
     let gateway = Gateway::builder(store.clone())
+        .wait_for_in_flight(WAIT_BOUND)
+        .build();
+    let other_gateway = Gateway::builder(other.clone())
         .wait_for_in_flight(WAIT_BOUND)
         .build();
     let mut out = Vec::with_capacity(ROUNDS);
@@ -70,7 +75,7 @@ fn gateway_rounds(store: &Store) -> Vec<Sample> {
         };
         start.recv().expect("the tool started");
         let duplicate = {
-            let (gateway, key) = (gateway.clone(), key.clone());
+            let (gateway, key) = (other_gateway.clone(), key.clone());
             std::thread::spawn(move || {
                 let outcome = gateway
                     .call("tenant", &key, b"{}", |_ctx| Ok(b"twice".to_vec()))
@@ -93,7 +98,7 @@ fn gateway_rounds(store: &Store) -> Vec<Sample> {
 }
 
 /// The HTTP layer, called as a tower service on a multi-thread tokio runtime.
-fn http_rounds(store: &Store) -> Vec<Sample> {
+fn http_rounds(store: &Store, other: &Store) -> Vec<Sample> {
     type Gate = Arc<Mutex<Option<tokio::sync::oneshot::Receiver<()>>>>;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -116,12 +121,15 @@ fn http_rounds(store: &Store) -> Vec<Sample> {
             }
         }
     };
-    let layer = IdempotencyLayer::builder(store.clone(), |_parts| Some("tenant".to_owned()))
-        .wait_for_in_flight(WAIT_BOUND)
-        .build();
-    let router = Router::new()
-        .route("/v1/payments", post(handler))
-        .layer(layer);
+    let router_on = |store: &Store| {
+        let layer = IdempotencyLayer::builder(store.clone(), |_parts| Some("tenant".to_owned()))
+            .wait_for_in_flight(WAIT_BOUND)
+            .build();
+        Router::new()
+            .route("/v1/payments", post(handler.clone()))
+            .layer(layer)
+    };
+    let (router, other_router) = (router_on(store), router_on(other));
     let request = |key: &str| {
         Request::builder()
             .method("POST")
@@ -148,7 +156,7 @@ fn http_rounds(store: &Store) -> Vec<Sample> {
             std::thread::sleep(Duration::from_micros(100));
         }
         let duplicate = {
-            let mut router = router.clone();
+            let mut router = other_router.clone();
             let req = request(&key);
             rt.spawn(async move {
                 let response = router.call(req).await.expect("infallible");
@@ -209,12 +217,32 @@ fn main() {
     println!("waiting duplicate: time from the first attempt's result to the duplicate's replay");
     println!("{ROUNDS} rounds each, store on {}\n", dir.path().display());
     println!(
-        "| wait mode | from the result to | p50 µs | p90 µs | p99 µs | max µs | mean µs |\n\
-         | --- | --- | --- | --- | --- | --- | --- |"
+        "| store | wait mode | from the result to | p50 µs | p90 µs | p99 µs | max µs | mean µs |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- |"
     );
+    print_rows("file", &store, &store);
+    drop(store);
+    // Beside `scripts/with-postgres`: the first attempt on one replica, the duplicate on
+    // another, in a schema of this run's own.
+    #[cfg(feature = "postgres")]
+    if let Ok(url) = std::env::var("IDEMDB_PG_URL") {
+        let schema = format!("wait_bench_{}", std::process::id());
+        let replica = |owner: &str| {
+            Store::builder()
+                .schema(schema.clone())
+                .owner(owner)
+                .connect(&url)
+                .expect("connect")
+        };
+        print_rows("PostgreSQL, 2 replicas", &replica("a"), &replica("b"));
+    }
+}
+
+/// The table's rows for one store: the first attempts on `store`, the duplicates on `other`.
+fn print_rows(engine: &str, store: &Store, other: &Store) {
     for (name, samples) in [
-        ("agent gateway (blocking)", gateway_rounds(&store)),
-        ("HTTP layer (async)", http_rounds(&store)),
+        ("agent gateway (blocking)", gateway_rounds(store, other)),
+        ("HTTP layer (async)", http_rounds(store, other)),
     ] {
         for (what, pick) in [
             (
@@ -227,7 +255,7 @@ fn main() {
             v.sort_by(f64::total_cmp);
             let mean = v.iter().sum::<f64>() / v.len() as f64;
             println!(
-                "| {name} | {what} | {:.0} | {:.0} | {:.0} | {:.0} | {mean:.0} |",
+                "| {engine} | {name} | {what} | {:.0} | {:.0} | {:.0} | {:.0} | {mean:.0} |",
                 percentile(&v, 50),
                 percentile(&v, 90),
                 percentile(&v, 99),

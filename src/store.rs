@@ -474,8 +474,12 @@ impl Store {
     /// that waits for an in-flight request gets its replay within microseconds of the
     /// completion's fsync. Lease ends are read from the store's [`crate::Clock`] (a
     /// [`crate::ManualClock`] moved by a test wakes the waiter); `timeout` is real time. On
-    /// PostgreSQL the waiter reads the record again after 5 ms, then at doubling intervals up to
-    /// 160 ms (never past the lease's end or the timeout), and lease ends are the database's.
+    /// PostgreSQL it is woken by a completion or release of this replica directly, and of
+    /// another replica through `LISTEN`/`NOTIFY` (about a millisecond after the other's
+    /// commit); it also reads the record 50 ms after it starts and then every 2 s. Behind a
+    /// transaction pooler, or while the store's listening connection is down, it reads again
+    /// after 5 ms, then at doubling intervals up to 160 ms. Never past the lease's end or the
+    /// timeout; lease ends are the database's. See `docs/postgres.md`, "Waiting".
     ///
     /// ```
     /// use idemdb::{Claim, Fingerprint, Response, Scope, Store};

@@ -1018,3 +1018,71 @@ fn an_import_of_many_pages_is_all_or_nothing() {
         }
     }
 }
+
+/// `wait` on one replica is woken by another replica's completion through `LISTEN`/`NOTIFY`,
+/// not found by its poll: while the listener listens, a waiter reads again only every 2 s, and
+/// here it holds the replay within 1.5 s of a completion made 0.2 s into its wait. With the
+/// listener's session ended by the server, waiters still see completions (they poll until it is
+/// back), and the listener comes back.
+#[test]
+fn a_waiter_is_woken_by_another_replicas_completion_and_survives_its_listener_ending() {
+    let schema = schema("woken");
+    let replica = |owner: &str| {
+        Store::builder()
+            .schema(schema.clone())
+            .owner(owner)
+            .connect(&format!("{} application_name=woken", url()))
+            .unwrap()
+    };
+    let (a, b) = (replica("a"), replica("b"));
+    let fp = Fingerprint::of(b"pay");
+    let listeners = || {
+        psql("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'woken listener'")
+            .parse::<u32>()
+            .unwrap()
+    };
+    for round in 0..3 {
+        if round == 1 {
+            // The server ends every listening session (both replicas').
+            assert_eq!(listeners(), 2, "one listener per replica");
+            psql(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                 WHERE application_name = 'woken listener'",
+            );
+        }
+        if round == 2 {
+            let until = Instant::now() + Duration::from_secs(30);
+            while listeners() < 2 {
+                assert!(Instant::now() < until, "the listeners did not come back");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        let key = format!("k{round}");
+        let Claim::Acquired(ticket) = a.claim(&scope(), &key, fp).unwrap() else {
+            panic!("a new key")
+        };
+        let waiter = {
+            let (b, key) = (b.clone(), key.clone());
+            std::thread::spawn(move || {
+                let done = b.wait(&scope(), &key, Duration::from_secs(30)).unwrap();
+                (done, Instant::now())
+            })
+        };
+        std::thread::sleep(Duration::from_millis(200));
+        let completed_at = Instant::now();
+        a.complete(ticket, Response::new(201, "paid")).unwrap();
+        let (done, woken_at) = waiter.join().unwrap();
+        assert!(done, "round {round}: the wait saw the completion");
+        if round != 1 {
+            let after = woken_at.saturating_duration_since(completed_at);
+            assert!(
+                after < Duration::from_millis(1500),
+                "round {round}: woken {after:?} after the completion: by the 2 s poll, not a notification"
+            );
+        }
+        assert!(matches!(
+            b.claim(&scope(), &key, fp).unwrap(),
+            Claim::Replay(_)
+        ));
+    }
+}

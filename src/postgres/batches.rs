@@ -480,6 +480,14 @@ pub(super) async fn completes(context: &Context, conn: &Conn, mut pending: Vec<C
         };
         context.commits.fetch_add(1, Ordering::Relaxed);
         let done = fenced_rows(result);
+        if let Ok(done) = &done {
+            context.wakes.changed(
+                batch
+                    .iter()
+                    .filter(|c| done.contains_key(&c.0 .1))
+                    .map(|c| &c.0 .0),
+            );
+        }
         for (fenced, .., reply) in batch {
             let _ = reply.send(match &done {
                 Ok(done) => Ok(done.get(&fenced.1).copied()),
@@ -507,6 +515,14 @@ pub(super) async fn releases(
             })
             .map_err(db_error);
         context.commits.fetch_add(1, Ordering::Relaxed);
+        if let Ok(done) = &result {
+            context.wakes.changed(
+                batch
+                    .iter()
+                    .filter(|c| done.contains(&c.0 .1))
+                    .map(|c| &c.0 .0),
+            );
+        }
         for (fenced, reply) in batch {
             if let Some(reply) = reply {
                 let _ = reply.send(match &result {

@@ -9,7 +9,7 @@ use super::rows::{db_error, millis_column};
 use super::scheduler::{self, ClaimParams};
 use super::tls::Connector;
 use super::url;
-use super::{schema, sql, PgStore, Shared};
+use super::{schema, sql, wakes, PgStore, Shared};
 use crate::config::{Config, StalePolicy};
 use crate::error::{Error, Result};
 use crate::replay_cache::ReplayCache;
@@ -37,7 +37,23 @@ pub(crate) struct Database {
 impl Database {
     /// A new connection, run on the current runtime until the client is dropped.
     pub(crate) async fn connect(&self) -> Result<tokio_postgres::Client> {
-        self.connector.connect(&self.config).await
+        self.connector.connect(&self.config, None).await
+    }
+
+    /// A new connection whose notifications' payloads go to `notices`; its
+    /// `application_name` is the pool's with ` listener` after it (as `pg_stat_activity`
+    /// shows it).
+    pub(crate) async fn connect_listening(
+        &self,
+        notices: tokio::sync::mpsc::UnboundedSender<String>,
+    ) -> Result<tokio_postgres::Client> {
+        let mut config = self.config.clone();
+        let name = format!(
+            "{} listener",
+            config.get_application_name().unwrap_or("idemdb")
+        );
+        config.application_name(&name);
+        self.connector.connect(&config, Some(notices)).await
     }
 }
 
@@ -166,6 +182,20 @@ pub(super) async fn start(
         .map_err(db_error)?
         .get(0);
     drop(client);
+    // Behind a transaction pooler a LISTEN would stay on a shared session: waiters poll.
+    let wakes = match database.pool_mode {
+        PoolMode::Session => {
+            let (wakes, outgoing) = wakes::listening();
+            tokio::spawn(wakes::listen(
+                database.clone(),
+                schema.clone(),
+                Arc::clone(&wakes),
+                outgoing,
+            ));
+            wakes
+        }
+        PoolMode::Transaction => Arc::new(wakes::Wakes::local()),
+    };
     let pool = Pool::new(database, schema, pool_size);
     pool.warm().await?;
     Ok(scheduler::Context {
@@ -176,5 +206,6 @@ pub(super) async fn start(
         commits: AtomicU64::new(0),
         withdrawn: AtomicU64::new(0),
         queued: AtomicUsize::new(0),
+        wakes,
     })
 }

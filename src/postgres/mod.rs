@@ -32,6 +32,7 @@ mod sql;
 pub(crate) mod tls;
 mod transfer;
 mod url;
+mod wakes;
 
 use crate::config::Config;
 use crate::error::{Error, Result};

@@ -10,6 +10,7 @@ use super::rows::{
     response_of, time_of, ClaimRow, Held, Target,
 };
 use super::scheduler::Job;
+use super::wakes::{FIRST_LOOK, LISTENING_POLL, WANT_MARGIN, WANT_SPAN};
 use super::{stopped, Caller, PgStore, Shared};
 use crate::config::StalePolicy;
 use crate::error::{Error, Result};
@@ -406,10 +407,21 @@ impl PgStore {
         }
     }
 
-    /// The pause before looking again: short at first, growing, never past the lease's end or
-    /// the deadline.
-    fn poll_pause(round: u32, until_lease_end: Duration, deadline: Instant) -> Instant {
-        let pause = Duration::from_millis(5u64 << round.min(5)).min(until_lease_end);
+    /// The pause before looking again: while notifications wake the waiter, a short look
+    /// just after its `want` (see [`super::wakes`]) then a rare one for a notification lost;
+    /// otherwise short at first and growing. Never past the lease's end or the deadline.
+    fn poll_pause(
+        round: u32,
+        listening: Option<bool>,
+        until_lease_end: Duration,
+        deadline: Instant,
+    ) -> Instant {
+        let pause = match listening {
+            Some(true) => FIRST_LOOK,
+            Some(false) => LISTENING_POLL,
+            None => Duration::from_millis(5u64 << round.min(5)),
+        }
+        .min(until_lease_end);
         Instant::now()
             .checked_add(pause)
             .map_or(deadline, |at| at.min(deadline))
@@ -431,7 +443,23 @@ impl PgStore {
         let scoped = scoped_key(scope, key);
         async move {
             let scoped = scoped?;
+            let watch = self.shared.context.wakes.watch(&Target::of(&scoped));
+            // Until when the other replicas were told this waiter wants the key's change.
+            let mut wanted: Option<Instant> = None;
             for round in 0.. {
+                // Registered before the read: a change committed after it wakes this round.
+                let changed = watch.notified();
+                let mut just_wanted = false;
+                let renew = wanted.is_none_or(|until| until <= Instant::now() + WANT_MARGIN);
+                if watch.listening() && renew {
+                    let how_long = deadline
+                        .saturating_duration_since(Instant::now())
+                        .min(WANT_SPAN);
+                    if watch.want(how_long).await {
+                        wanted = Instant::now().checked_add(how_long);
+                        just_wanted = true;
+                    }
+                }
                 let (now, held) = answer(self.read(&scoped)).await?;
                 let Some(left) = self.look(now, held.as_ref()) else {
                     return Ok(true);
@@ -439,7 +467,11 @@ impl PgStore {
                 if Instant::now() >= deadline {
                     return Ok(false);
                 }
-                crate::timer::sleep_until(Self::poll_pause(round, left, deadline)).await;
+                // `Some(first look?)` while notifications reach this waiter, else `None`.
+                let listening = (watch.listening() && wanted.is_some()).then_some(just_wanted);
+                let pause =
+                    crate::timer::sleep_until(Self::poll_pause(round, listening, left, deadline));
+                futures_util::future::select(std::pin::pin!(changed), std::pin::pin!(pause)).await;
             }
             unreachable!("the loop above only returns")
         }

@@ -106,6 +106,8 @@ pub(crate) struct Context {
     /// Jobs sent to the engine's thread whose batch has not ended: while any are, every
     /// operation goes through the queue (see [`super::direct`]).
     pub(crate) queued: AtomicUsize,
+    /// The waiters, woken by the batches' completions and releases (see [`super::wakes`]).
+    pub(crate) wakes: Arc<super::wakes::Wakes>,
 }
 
 /// Runs until every sender of `jobs` is gone, then lets running batches finish.

@@ -32,6 +32,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::mpsc;
 use tokio_postgres::tls::{ChannelBinding, MakeTlsConnect, TlsConnect, TlsStream};
 
 /// How a connection to the database uses TLS: libpq's `sslmode` (see the module's table).
@@ -200,32 +201,47 @@ impl Connector {
     pub(crate) async fn connect(
         &self,
         pg: &tokio_postgres::Config,
+        notices: Option<mpsc::UnboundedSender<String>>,
     ) -> Result<tokio_postgres::Client> {
         let failed = |e: tokio_postgres::Error| match handshake_failure(&e) {
             Some(reason) => Error::Tls { reason },
             None => super::rows::db_error(e),
         };
         match self {
-            Connector::Plain => run(pg, tokio_postgres::NoTls).await,
-            Connector::Rustls(make) => run(pg, make.clone()).await,
+            Connector::Plain => run(pg, tokio_postgres::NoTls, notices).await,
+            Connector::Rustls(make) => run(pg, make.clone(), notices).await,
         }
         .map_err(failed)
     }
 }
 
 /// Connects with `tls`, and runs the connection on the current runtime until the client is
-/// dropped.
+/// dropped, sending the payload of each notification it receives to `notices` (if given;
+/// `notices` closes when the connection ends).
 async fn run<T>(
     pg: &tokio_postgres::Config,
     tls: T,
+    notices: Option<mpsc::UnboundedSender<String>>,
 ) -> std::result::Result<tokio_postgres::Client, tokio_postgres::Error>
 where
     T: MakeTlsConnect<tokio_postgres::Socket>,
     T::Stream: Send + 'static,
 {
-    let (client, connection) = pg.connect(tls).await?;
+    let (client, mut connection) = pg.connect(tls).await?;
     tokio::spawn(async move {
-        let _ = connection.await;
+        let Some(notices) = notices else {
+            let _ = connection.await;
+            return;
+        };
+        while let Some(Ok(message)) =
+            futures_util::future::poll_fn(|cx| connection.poll_message(cx)).await
+        {
+            if let tokio_postgres::AsyncMessage::Notification(n) = message {
+                if notices.send(n.payload().to_owned()).is_err() {
+                    return;
+                }
+            }
+        }
     });
     Ok(client)
 }
