@@ -5,7 +5,9 @@
 //! - direct, `pool_mode=session` (the default: statements prepared once per connection);
 //! - direct, `pool_mode=transaction` (unnamed statements planned per execution, no pooler):
 //!   what the statements alone cost;
-//! - through PgBouncer in transaction mode, `pool_mode=transaction`.
+//! - through PgBouncer in transaction mode, `pool_mode=transaction`;
+//! - direct, `session`, with `max_live_records_per_tenant` and `max_store_bytes` set (a schema
+//!   that counts its records, the claim statement that checks the bounds): what bounds cost.
 //!
 //! ```sh
 //! cargo bench --features postgres --bench postgres_pooler
@@ -52,15 +54,25 @@ fn measure(direct: &str, bouncer: &str) {
     println!("| ---: | --- | ---: | ---: |");
     for callers in [1, 64] {
         for round in 0..rounds {
-            for (name, url) in [
-                ("direct, session", direct),
-                ("direct, transaction", &unnamed),
-                ("PgBouncer, transaction", bouncer),
+            for (name, url, bounded) in [
+                ("direct, session", direct, false),
+                ("direct, transaction", &unnamed, false),
+                ("PgBouncer, transaction", bouncer, false),
+                ("direct, session, bounded", direct, true),
             ] {
-                let store = Store::builder()
-                    .schema("pooler_bench")
-                    .connect(url)
-                    .expect("connect");
+                let mut builder = Store::builder();
+                if bounded {
+                    builder = builder
+                        .max_live_records_per_tenant(1 << 40)
+                        .max_store_bytes(1 << 50);
+                }
+                // A schema of its own: the bounded store makes its schema count records.
+                let schema = if bounded {
+                    "pooler_bench_bounded"
+                } else {
+                    "pooler_bench"
+                };
+                let store = builder.schema(schema).connect(url).expect("connect");
                 let (rate, p50) = run(&store, callers, Duration::from_secs(seconds), round);
                 println!("| {callers} | {name} | {rate:.0} | {p50:.0?} |");
             }

@@ -193,8 +193,14 @@ impl StoreBuilder {
     /// stored, and other tenants are unaffected. A record counts from the claim that creates
     /// it until it is released, reaped or purged (an expired completion counts until
     /// `purge_expired`); claims that replace a record of the same key (an expired one, a
-    /// takeover), replays and duplicates are never refused. Default: no limit. Store files
-    /// only: [`StoreBuilder::connect`] refuses it ([`crate::Error::Unsupported`]).
+    /// takeover), replays and duplicates are never refused. Default: no limit.
+    ///
+    /// On PostgreSQL the claim statement enforces it, exactly, whatever the replicas: a
+    /// tenant's claims of new keys are admitted one transaction at a time under a lock of the
+    /// tenant's, against counts the schema keeps (a store with a bound makes its schema count
+    /// its records, with triggers, from then on: they cost every write of every replica; see
+    /// `docs/postgres.md`, "Bounds"). Every replica should set the same limit: one without it
+    /// does not wait for the lock.
     pub fn max_live_records_per_tenant(mut self, limit: u64) -> Self {
         self.config.max_live_per_tenant = Some(limit);
         self
@@ -209,8 +215,12 @@ impl StoreBuilder {
     /// side effect has happened. So the records may pass the limit by the responses of the
     /// claims in progress when it was reached (each at most `max_response_bytes`), and the
     /// files take more than the records (redb's pages and free space, the journal's fixed
-    /// size): leave that room on the disk. Default: no limit. Store files only:
-    /// [`StoreBuilder::connect`] refuses it ([`crate::Error::Unsupported`]).
+    /// size): leave that room on the disk. Default: no limit.
+    ///
+    /// On PostgreSQL the claim statement checks the counts the schema keeps (as for
+    /// [`StoreBuilder::max_live_records_per_tenant`]); a record counts its key's columns,
+    /// fingerprint, headers and body and 48 bytes, not the table's pages. Claims admitted at
+    /// once by several replicas may pass it by what they claim together.
     pub fn max_store_bytes(mut self, limit: u64) -> Self {
         self.config.max_store_bytes = Some(limit);
         self

@@ -81,6 +81,7 @@ pub use model::scope::{validate_key, Scope, MAX_ENDPOINT_LEN, MAX_KEY_LEN, MAX_T
 pub use model::ticket::Ticket;
 #[cfg(feature = "postgres")]
 pub use postgres::pooler::PoolMode;
+#[cfg(feature = "postgres")]
 pub use postgres::tls::SslMode;
 pub use stats::Stats;
 pub use store::Store;

@@ -170,7 +170,7 @@ fn a_schema_newer_than_the_library_is_refused_and_left_alone() {
     match Store::builder().schema(schema.clone()).connect(&url()) {
         Err(Error::UnsupportedFormat {
             found: 99,
-            supported: 1,
+            supported: 2,
         }) => {}
         other => panic!("expected UnsupportedFormat, got {other:?}"),
     }
@@ -1085,4 +1085,142 @@ fn a_waiter_is_woken_by_another_replicas_completion_and_survives_its_listener_en
             Claim::Replay(_)
         ));
     }
+}
+
+/// The records per tenant and their bytes, as the triggers counted them (`usage`) and counted
+/// afresh from `records`, in `schema`: `(tenant, records, bytes)` rows, as text.
+fn usage_against_records(schema: &str) -> (String, String) {
+    let bytes = "48 + octet_length(tenant) + octet_length(endpoint) + octet_length(key) \
+                 + octet_length(fingerprint) + coalesce(octet_length(headers), 0) \
+                 + coalesce(octet_length(body), 0)";
+    let counted = psql(&format!(
+        "SELECT string_agg(t, ',' ORDER BY t) FROM (SELECT encode(tenant, 'escape') || ':' || \
+         sum(records) || ':' || sum(bytes) AS t FROM {schema}.usage GROUP BY tenant \
+         HAVING sum(records) <> 0 OR sum(bytes) <> 0) x"
+    ));
+    let fresh = psql(&format!(
+        "SELECT string_agg(t, ',' ORDER BY t) FROM (SELECT encode(tenant, 'escape') || ':' || \
+         count(*) || ':' || sum({bytes}) AS t FROM {schema}.records GROUP BY tenant) x"
+    ));
+    (counted, fresh)
+}
+
+/// Every statement that changes records (claims, takeovers, completions, releases, purges,
+/// reaps, resolutions) is counted by the schema's triggers, from two replicas at once: the
+/// counts always equal a fresh count of the table, and `record_count` reads them.
+#[test]
+fn the_counts_kept_by_the_triggers_equal_a_fresh_count_whatever_the_replicas_did() {
+    let schema = schema("counted");
+    let clock = idemdb::ManualClock::new();
+    // A store with bounds makes the schema count its records.
+    let replica = |owner: &str| {
+        Store::builder()
+            .schema(schema.clone())
+            .owner(owner)
+            .max_store_bytes(1 << 40)
+            .ttl(Duration::from_secs(60))
+            .lease(Duration::from_secs(5))
+            .clock(clock.clone())
+            .connect(&url())
+            .unwrap()
+    };
+    let (a, b) = (replica("a"), replica("b"));
+    std::thread::scope(|s| {
+        for (t, store) in [&a, &b, &a, &b].into_iter().enumerate() {
+            let clock = &clock;
+            s.spawn(move || {
+                let mut rng = idemdb::simulation::SplitMix64::derive(0xc0, 0, t as u64);
+                for i in 0..300 {
+                    let tenant = ["t1", "t2", "t3"][rng.index(3)];
+                    let scope = Scope::new(tenant, "POST /v1/payments");
+                    let key = format!("k{}", rng.index(60));
+                    let fp = Fingerprint::of(key.as_bytes());
+                    if let Ok(Claim::Acquired(ticket)) = store.claim(&scope, &key, fp) {
+                        match rng.index(4) {
+                            0 => store.release(ticket).unwrap(),
+                            1 => std::mem::forget(ticket),
+                            _ => store
+                                .complete(ticket, Response::new(201, vec![b'x'; rng.index(3000)]))
+                                .unwrap(),
+                        }
+                    }
+                    if i % 100 == 99 && t == 0 {
+                        clock.advance(Duration::from_secs(25));
+                        store.purge_expired().unwrap();
+                        store.reap(|_| idemdb::Resolution::Release).unwrap();
+                    }
+                }
+            });
+        }
+    });
+    let (counted, fresh) = usage_against_records(&schema);
+    assert!(!fresh.is_empty());
+    assert_eq!(counted, fresh);
+    let rows: u64 = psql(&format!("SELECT count(*) FROM {schema}.records"))
+        .parse()
+        .unwrap();
+    assert_eq!(a.record_count().unwrap(), rows);
+}
+
+/// A schema made by version 1 (no counts) is migrated by a store of version 2, and counted once
+/// when a store with bounds connects: the counts equal a fresh count, and a tenant limit holds
+/// against the records it had.
+#[test]
+fn a_version_1_schema_is_counted_at_its_migration() {
+    let schema = schema("v1");
+    {
+        let store = Store::builder()
+            .schema(schema.clone())
+            .connect(&url())
+            .unwrap();
+        for (tenant, keys) in [("full", 4), ("light", 1)] {
+            for i in 0..keys {
+                let Claim::Acquired(t) = store
+                    .claim(
+                        &Scope::new(tenant, "POST /x"),
+                        &format!("k{i}"),
+                        Fingerprint::of(b"x"),
+                    )
+                    .unwrap()
+                else {
+                    panic!()
+                };
+                store.complete(t, Response::new(200, "ok")).unwrap();
+            }
+        }
+    }
+    // What version 1 had: no counts, no triggers.
+    psql(&format!(
+        "DROP TRIGGER IF EXISTS count_inserted ON {schema}.records; \
+         DROP TRIGGER IF EXISTS count_deleted ON {schema}.records; \
+         DROP TRIGGER IF EXISTS count_updated ON {schema}.records; \
+         DROP FUNCTION {schema}.count_inserted(), {schema}.count_deleted(), \
+             {schema}.count_updated(), {schema}.room(bytea, bigint); \
+         DROP TABLE {schema}.usage, {schema}.usage_total; \
+         UPDATE {schema}.meta SET schema_version = 1"
+    ));
+    let store = Store::builder()
+        .schema(schema.clone())
+        .max_live_records_per_tenant(4)
+        .connect(&url())
+        .unwrap();
+    assert_eq!(
+        psql(&format!("SELECT schema_version FROM {schema}.meta")),
+        "2"
+    );
+    let (counted, fresh) = usage_against_records(&schema);
+    assert_eq!(counted, fresh);
+    assert_eq!(store.record_count().unwrap(), 5);
+    assert!(matches!(
+        store.claim(&Scope::new("full", "POST /x"), "new", Fingerprint::of(b"x")),
+        Err(Error::TenantFull { limit: 4, .. })
+    ));
+    assert!(matches!(
+        store.claim(
+            &Scope::new("light", "POST /x"),
+            "new",
+            Fingerprint::of(b"x")
+        ),
+        Ok(Claim::Acquired(_))
+    ));
 }

@@ -21,6 +21,10 @@ use tokio_postgres::{Client, NoTls};
 
 static SERVER: RwLock<()> = RwLock::new(());
 
+/// Held by the tests that grant and revoke on the database: two such statements at once fail
+/// with "tuple concurrently updated" (both rewrite `pg_database`'s row).
+static DATABASE_GRANTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn url() -> String {
     std::env::var("IDEMDB_PG_URL").expect(
         "IDEMDB_PG_URL is not set: run `scripts/with-postgres cargo test --release --features postgres`",
@@ -116,6 +120,7 @@ fn role_committing_with(
 #[test]
 fn every_session_commits_durably_whatever_the_roles_default() {
     let _shared = SERVER.read().unwrap_or_else(|e| e.into_inner());
+    let _grants = DATABASE_GRANTS.lock().unwrap_or_else(|e| e.into_inner());
     let rt = runtime();
     let admin = rt.block_on(outside(&url()));
     for (default, expected) in [
@@ -186,6 +191,7 @@ fn every_session_commits_durably_whatever_the_roles_default() {
 #[test]
 fn behind_a_transaction_pooler_a_role_without_durable_commits_is_refused() {
     let _shared = SERVER.read().unwrap_or_else(|e| e.into_inner());
+    let _grants = DATABASE_GRANTS.lock().unwrap_or_else(|e| e.into_inner());
     let rt = runtime();
     let admin = rt.block_on(outside(&url()));
     for default in ["off", "local", "remote_write", "on", "remote_apply"] {

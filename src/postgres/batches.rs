@@ -193,6 +193,38 @@ pub(super) async fn claims(
     }
 }
 
+/// A row of [`sql::CLAIM_BOUNDED`] that refuses its key: the key's place in `round` and the
+/// error. `None` for a row that took its key.
+fn refused(
+    row: &tokio_postgres::Row,
+    round: &[(Target, [u8; 32], Reply<ClaimRow>)],
+    p: &super::scheduler::ClaimParams,
+) -> Result<Option<(usize, Error)>> {
+    let Some(reason) = row.try_get::<_, Option<&str>>(10).map_err(db_error)? else {
+        return Ok(None);
+    };
+    let target = Target::from_row(row)?;
+    let at = round
+        .binary_search_by(|c| key_of(&c.0).cmp(&key_of(&target)))
+        .map_err(|_| Error::Database {
+            sqlstate: None,
+            reason: "a claim statement refused a key it was not given".into(),
+            driver: None,
+        })?;
+    let limit = |l: Option<i64>| u64::try_from(l.unwrap_or_default()).unwrap_or_default();
+    let error = match reason {
+        "tenant" => Error::TenantFull {
+            tenant: String::from_utf8_lossy(&target.tenant).into_owned(),
+            limit: limit(p.tenant_limit),
+        },
+        _ => Error::StoreFull {
+            bytes: u64::try_from(row.try_get::<_, i64>(11).map_err(db_error)?).unwrap_or_default(),
+            limit: limit(p.byte_limit),
+        },
+    };
+    Ok(Some((at, error)))
+}
+
 /// Claims the distinct keys of `round` (sorted by key) with one statement, then reads the
 /// records of the keys it did not take with a second, read-only one. One answer per key, in
 /// `round`'s order: `Ok(None)` when the key must be claimed again (its record is gone or
@@ -209,8 +241,9 @@ async fn decide_round(
 ) -> Result<Vec<Result<Option<ClaimRow>>>> {
     let p = &context.params;
     let adjust = (context.adjust)();
-    let new = first && round.len() == 1;
-    let won = if let [(target, fingerprint, _)] = round {
+    let bounded = p.bounded();
+    let new = first && round.len() == 1 && !bounded;
+    let won = if let ([(target, fingerprint, _)], false) = (round, bounded) {
         let fingerprint = fingerprint.as_slice();
         let mut params: Vec<&(dyn ToSql + Sync)> = vec![
             &adjust,
@@ -232,22 +265,26 @@ async fn decide_round(
     } else {
         let (tenants, endpoints, keys) = columns(round.iter().map(|c| &c.0));
         let fingerprints: Vec<&[u8]> = round.iter().map(|c| c.1.as_slice()).collect();
-        query(
-            conn,
-            &conn.claim,
-            &[
-                &adjust,
-                &tenants,
-                &endpoints,
-                &keys,
-                &fingerprints,
-                &p.lease_ms,
-                &p.take_over,
-                &p.owner,
-                &p.incarnation,
-            ],
-        )
-        .await
+        let mut params: Vec<&(dyn ToSql + Sync)> = vec![
+            &adjust,
+            &tenants,
+            &endpoints,
+            &keys,
+            &fingerprints,
+            &p.lease_ms,
+            &p.take_over,
+            &p.owner,
+            &p.incarnation,
+        ];
+        // A store with bounds claims every key, even a lone one, through the statement that
+        // checks them.
+        let statement = if bounded {
+            params.extend([&p.tenant_limit as &(dyn ToSql + Sync), &p.byte_limit]);
+            &conn.claim_bounded
+        } else {
+            &conn.claim
+        };
+        query(conn, statement, &params).await
     }
     .map_err(db_error)?;
     if !won.is_empty() {
@@ -255,6 +292,12 @@ async fn decide_round(
     }
     let mut answers: Vec<Result<Option<ClaimRow>>> = round.iter().map(|_| Ok(None)).collect();
     for row in &won {
+        if bounded {
+            if let Some((at, refusal)) = refused(row, round, p)? {
+                answers[at] = Err(refusal);
+                continue;
+            }
+        }
         let found = if new {
             new_row(row, p.lease_ms).map(|won| (0, won))
         } else {

@@ -59,18 +59,6 @@ impl Database {
 
 /// Connects a store to the database at `url`, creating or checking its schema.
 pub(crate) fn connect(mut config: Config, url: &str) -> Result<PgStore> {
-    let unsupported = [
-        (
-            config.max_live_per_tenant.is_some(),
-            "max_live_records_per_tenant",
-        ),
-        (config.max_store_bytes.is_some(), "max_store_bytes"),
-    ];
-    if let Some((_, name)) = unsupported.iter().find(|(set, _)| *set) {
-        return Err(Error::Unsupported {
-            what: format!("{name} on PostgreSQL (store files only, for now)"),
-        });
-    }
     let (url, parameters) = url::split(url)?;
     let mut pg: tokio_postgres::Config = url.parse().map_err(|e| Error::Database {
         sqlstate: None,
@@ -109,6 +97,12 @@ pub(crate) fn connect(mut config: Config, url: &str) -> Result<PgStore> {
         owner,
         incarnation: 0,
         ttl_ms: millis_column(config.ttl),
+        tenant_limit: config
+            .max_live_per_tenant
+            .map(|l| i64::try_from(l).unwrap_or(i64::MAX)),
+        byte_limit: config
+            .max_store_bytes
+            .map(|l| i64::try_from(l).unwrap_or(i64::MAX)),
     };
     let thread = std::thread::Builder::new()
         .name("idemdb-pg".into())
@@ -176,6 +170,9 @@ pub(super) async fn start(
     schema::check_durability(&client).await?;
     schema::make_commits_durable(&client, database.pool_mode).await?;
     schema::migrate(&mut client, &schema).await?;
+    if params.bounded() {
+        schema::count_records(&mut client, &schema).await?;
+    }
     params.incarnation = client
         .query_typed_one(&schema::qualify(sql::INCARNATION, &schema), &[])
         .await

@@ -173,6 +173,7 @@ pub(crate) struct Conn {
     /// Set when a statement failed in a way that ends the session (see [`Conn::usable`]).
     retired: AtomicBool,
     pub(crate) claim: Hot,
+    pub(crate) claim_bounded: Hot,
     pub(crate) claim_one: Hot,
     pub(crate) claim_new: Hot,
     pub(crate) complete: Hot,
@@ -227,6 +228,7 @@ impl Conn {
         super::schema::make_commits_durable(&client, database.pool_mode).await?;
         let texts = [
             sql::CLAIM,
+            sql::CLAIM_BOUNDED,
             sql::CLAIM_ONE,
             sql::CLAIM_NEW,
             sql::COMPLETE,
@@ -257,6 +259,7 @@ impl Conn {
         let mut next = || hot.next().expect("one statement per text");
         Ok(Conn {
             claim: next(),
+            claim_bounded: next(),
             claim_one: next(),
             claim_new: next(),
             complete: next(),

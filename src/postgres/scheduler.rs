@@ -88,6 +88,17 @@ pub(crate) struct ClaimParams {
     pub(crate) owner: String,
     pub(crate) incarnation: i64,
     pub(crate) ttl_ms: i64,
+    /// The most records per tenant, if bounded.
+    pub(crate) tenant_limit: Option<i64>,
+    /// The most bytes of records, if bounded.
+    pub(crate) byte_limit: Option<i64>,
+}
+
+impl ClaimParams {
+    /// Whether claims go through [`super::sql::CLAIM_BOUNDED`].
+    pub(crate) fn bounded(&self) -> bool {
+        self.tenant_limit.is_some() || self.byte_limit.is_some()
+    }
 }
 
 /// What the engine's thread shares with the store.

@@ -4,7 +4,7 @@
 
 use super::pooler::PoolMode;
 use super::rows::db_error;
-use super::sql::{CREATE, SCHEMA_VERSION};
+use super::sql::{COUNTED, COUNT_RECORDS, CREATE, CREATE_USAGE, SCHEMA_VERSION};
 use crate::error::{Error, InputProblem, Result};
 use tokio_postgres::Client;
 
@@ -60,25 +60,20 @@ pub(crate) fn qualify(text: &str, schema: &str) -> String {
 /// [`Error::UnsupportedFormat`] for a schema a newer idemdb made; [`Error::Database`] for the
 /// server's refusals (no `CREATE` permission, ...).
 pub(crate) async fn migrate(client: &mut Client, schema: &str) -> Result<()> {
-    let tx = client.transaction().await.map_err(db_error)?;
-    tx.execute(
-        "SELECT pg_advisory_xact_lock(hashtext('idemdb schema ' || $1::text))",
-        &[&schema],
-    )
-    .await
-    .map_err(db_error)?;
+    let tx = locked(client, schema).await?;
     let meta = qualify("{s}.meta", schema);
     let exists: Option<String> = tx
         .query_one("SELECT to_regclass($1::text)::text", &[&meta])
         .await
         .map_err(db_error)?
         .get(0);
+    let mut found = None;
     if exists.is_some() {
-        let found: Option<i32> = tx
+        found = tx
             .query_opt(&format!("SELECT schema_version FROM {meta}"), &[])
             .await
             .map_err(db_error)?
-            .map(|row| row.get(0));
+            .map(|row| row.get::<_, i32>(0));
         match found {
             Some(found) if found > SCHEMA_VERSION => {
                 return Err(Error::UnsupportedFormat {
@@ -95,10 +90,55 @@ pub(crate) async fn migrate(client: &mut Client, schema: &str) -> Result<()> {
     tx.batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS \"{schema}\""))
         .await
         .map_err(db_error)?;
-    // Version 1 is the only one so far: creating what is missing is the whole migration.
+    // Creating what is missing makes version 1; version 2 adds the tables and functions that
+    // counting the records needs (the counting starts with the first store that has bounds).
     tx.batch_execute(&qualify(CREATE, schema))
         .await
         .map_err(db_error)?;
+    tx.batch_execute(&qualify(CREATE_USAGE, schema))
+        .await
+        .map_err(db_error)?;
+    if found == Some(1) {
+        tx.batch_execute(&qualify("UPDATE {s}.meta SET schema_version = 2", schema))
+            .await
+            .map_err(db_error)?;
+    }
+    tx.commit().await.map_err(db_error)
+}
+
+/// A transaction holding the schema's migration lock (transaction-scoped, so that replicas
+/// connecting at once do not race, and a transaction pooler keeps it on one session).
+async fn locked<'c>(
+    client: &'c mut Client,
+    schema: &str,
+) -> Result<tokio_postgres::Transaction<'c>> {
+    let tx = client.transaction().await.map_err(db_error)?;
+    tx.execute(
+        "SELECT pg_advisory_xact_lock(hashtext('idemdb schema ' || $1::text))",
+        &[&schema],
+    )
+    .await
+    .map_err(db_error)?;
+    Ok(tx)
+}
+
+/// Makes the schema count its records, if it does not yet (a store with bounds needs the
+/// counts): under the migration lock, [`COUNT_RECORDS`].
+///
+/// # Errors
+/// [`Error::Database`] for the server's refusals (creating a trigger needs to own the table).
+pub(crate) async fn count_records(client: &mut Client, schema: &str) -> Result<()> {
+    let tx = locked(client, schema).await?;
+    let counted: bool = tx
+        .query_one(&qualify(COUNTED, schema), &[])
+        .await
+        .map_err(db_error)?
+        .get(0);
+    if !counted {
+        tx.batch_execute(&qualify(COUNT_RECORDS, schema))
+            .await
+            .map_err(db_error)?;
+    }
     tx.commit().await.map_err(db_error)
 }
 

@@ -12,12 +12,52 @@
 
 /// The schema version this library writes and reads. A schema recorded with a higher version
 /// was made by a newer idemdb and is refused.
-pub(crate) const SCHEMA_VERSION: i32 = 1;
+pub(crate) const SCHEMA_VERSION: i32 = 2;
 
 /// The statement's time in milliseconds: the database's, unless `$1` gives a test clock's.
 macro_rules! now_ms {
     () => {
         "coalesce($1::bigint, (extract(epoch FROM statement_timestamp()) * 1000)::bigint)"
+    };
+}
+
+/// The bytes a record counts for: its key's columns, fingerprint, headers and body, plus 48 for
+/// its fence and times (`$r` a row of `records`). What `max_store_bytes` bounds on PostgreSQL.
+macro_rules! record_bytes {
+    ($r:literal) => {
+        concat!(
+            "48 + octet_length(",
+            $r,
+            ".tenant) + octet_length(",
+            $r,
+            ".endpoint) + octet_length(",
+            $r,
+            ".key) + octet_length(",
+            $r,
+            ".fingerprint) + coalesce(octet_length(",
+            $r,
+            ".headers), 0) + coalesce(octet_length(",
+            $r,
+            ".body), 0)"
+        )
+    };
+}
+
+/// The end of a counting trigger's function: adds the changes `d` (tenant, records `n`,
+/// bytes `b`) to the session's slot of `usage` and `usage_total`.
+macro_rules! add_to_usage {
+    () => {
+        r#"
+    , total AS (INSERT INTO {s}.usage_total AS u (slot, records, bytes)
+        SELECT pg_backend_pid() % 64, sum(n), sum(b) FROM d HAVING count(*) > 0
+        ON CONFLICT (slot) DO UPDATE SET records = u.records + excluded.records,
+            bytes = u.bytes + excluded.bytes)
+    INSERT INTO {s}.usage AS u (tenant, slot, records, bytes)
+        SELECT tenant, pg_backend_pid() % 64, n, b FROM d
+        ON CONFLICT (tenant, slot) DO UPDATE SET records = u.records + excluded.records,
+            bytes = u.bytes + excluded.bytes;
+    RETURN NULL;
+END $f$;"#
     };
 }
 
@@ -77,8 +117,102 @@ CREATE TABLE IF NOT EXISTS {s}.records (
 );
 CREATE INDEX IF NOT EXISTS records_expiry ON {s}.records (expires_at) WHERE completed;
 CREATE INDEX IF NOT EXISTS records_in_progress ON {s}.records (fence) WHERE NOT completed;
-INSERT INTO {s}.meta (schema_version) VALUES (1) ON CONFLICT DO NOTHING;
+INSERT INTO {s}.meta (schema_version) VALUES (2) ON CONFLICT DO NOTHING;
 "#;
+
+/// Creates what is missing of schema version 2: what counting the records needs (the counting
+/// itself is [`COUNT_RECORDS`], made only for a store with bounds). Idempotent; run under the
+/// migration lock, after [`CREATE`].
+///
+/// - `usage` and `usage_total`: records and bytes ([`record_bytes!`]), as sums of rows, one
+///   per (tenant, slot) and per slot; a session adds to the slot of its backend (`pg_backend_pid()
+///   % 64`), so that sessions writing at once rarely wait for each other's row lock. The
+///   counts are exact once committed: each row changes only with the transaction that
+///   changed the records.
+/// - `count_inserted`, `count_deleted`, `count_updated`: the triggers' functions.
+/// - `room(tenant, limit)`: how many more records `tenant` may hold under `limit`, under a
+///   transaction-scoped advisory lock of the tenant's that the caller keeps until it commits,
+///   and read with a snapshot taken after the lock (a `VOLATILE` function's query sees what
+///   committed before it began): the claims of one tenant under a limit are admitted one
+///   transaction at a time, each seeing the ones before.
+pub(crate) const CREATE_USAGE: &str = concat!(
+    r#"
+CREATE TABLE IF NOT EXISTS {s}.usage (
+    tenant bytea NOT NULL,
+    slot integer NOT NULL,
+    records bigint NOT NULL,
+    bytes bigint NOT NULL,
+    PRIMARY KEY (tenant, slot)
+);
+CREATE TABLE IF NOT EXISTS {s}.usage_total (
+    slot integer PRIMARY KEY,
+    records bigint NOT NULL,
+    bytes bigint NOT NULL
+);
+CREATE OR REPLACE FUNCTION {s}.count_inserted() RETURNS trigger LANGUAGE plpgsql
+    SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $f$
+BEGIN
+    WITH d AS (SELECT tenant, count(*) AS n, sum("#,
+    record_bytes!("n"),
+    r#") AS b FROM new_rows n GROUP BY tenant)
+"#,
+    add_to_usage!(),
+    r#"
+CREATE OR REPLACE FUNCTION {s}.count_deleted() RETURNS trigger LANGUAGE plpgsql
+    SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $f$
+BEGIN
+    WITH d AS (SELECT tenant, -count(*) AS n, -sum("#,
+    record_bytes!("o"),
+    r#") AS b FROM old_rows o GROUP BY tenant)
+"#,
+    add_to_usage!(),
+    r#"
+CREATE OR REPLACE FUNCTION {s}.count_updated() RETURNS trigger LANGUAGE plpgsql
+    SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $f$
+BEGIN
+    WITH d AS (SELECT tenant, 0 AS n, sum(b) AS b FROM (
+            SELECT tenant, "#,
+    record_bytes!("n"),
+    r#" AS b FROM new_rows n
+            UNION ALL SELECT tenant, -("#,
+    record_bytes!("o"),
+    r#") FROM old_rows o) x
+        GROUP BY tenant HAVING sum(b) <> 0)"#,
+    add_to_usage!(),
+    r#"
+CREATE OR REPLACE FUNCTION {s}.room(t bytea, lim bigint) RETURNS bigint
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $f$
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtextextended('idemdb room {s} ' || encode(t, 'hex'), 0));
+    RETURN lim - coalesce((SELECT sum(records) FROM {s}.usage WHERE tenant = t), 0);
+END $f$;
+"#
+);
+
+/// Starts counting the records: the triggers of every statement that inserts, updates or
+/// deletes records (whoever sends it), then the counts of what the table holds, taken once
+/// (creating the triggers takes a lock that lets every statement that wrote before finish, and
+/// keeps new ones waiting until this transaction commits: the count's snapshot has them all,
+/// and every later change is counted). Run under the migration lock when the triggers are
+/// missing.
+pub(crate) const COUNT_RECORDS: &str = concat!(
+    r#"
+CREATE TRIGGER count_inserted AFTER INSERT ON {s}.records
+    REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION {s}.count_inserted();
+CREATE TRIGGER count_deleted AFTER DELETE ON {s}.records
+    REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION {s}.count_deleted();
+CREATE TRIGGER count_updated AFTER UPDATE ON {s}.records
+    REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION {s}.count_updated();
+DELETE FROM {s}.usage;
+DELETE FROM {s}.usage_total;
+WITH d AS (SELECT tenant, count(*) AS n, sum("#,
+    record_bytes!("r"),
+    r#") AS b FROM {s}.records r GROUP BY tenant),
+total AS (INSERT INTO {s}.usage_total (slot, records, bytes)
+    SELECT 0, sum(n), sum(b) FROM d HAVING count(*) > 0)
+INSERT INTO {s}.usage (tenant, slot, records, bytes) SELECT tenant, 0, n, b FROM d"#
+);
 
 /// The claim of distinct keys: one `INSERT .. ON CONFLICT DO UPDATE .. WHERE` takes each key
 /// that is absent, expired, or (with `$7`, the take-over policy) stale with the same
@@ -143,6 +277,41 @@ RETURNING r.tenant, r.endpoint, r.key, r.fence, r.claimed_at, r.lease_until,
 pub(crate) const CLAIM: &str = claim_over!(
     "SELECT * FROM unnest($2::bytea[], $3::bytea[], $4::text[], $5::bytea[])
         AS u(tenant, endpoint, key, fingerprint)"
+);
+
+/// [`CLAIM`] under the store's bounds (`$10` the most records per tenant, `$11` the most bytes
+/// of records, each `NULL` for none): a key without a record (as the snapshot shows it) is
+/// taken only if its tenant has room ([`CREATE_USAGE`]'s `room`, which holds the tenant's lock
+/// until this statement commits; a tenant's new keys in one batch take its room in their
+/// order) and the store's records' bytes (`usage_total`) are below `$11`. A key with a record
+/// is never refused. Returns [`CLAIM`]'s rows for the keys it took, then one row per refused
+/// key: its key columns, `NULL`s, and `'tenant'` or `'store'` in an eleventh column, with the
+/// store's bytes in a twelfth.
+pub(crate) const CLAIM_BOUNDED: &str = concat!(
+    r#"WITH u AS (
+    SELECT u.*, EXISTS (SELECT 1 FROM {s}.records h
+            WHERE h.tenant = u.tenant AND h.endpoint = u.endpoint AND h.key = u.key) AS held
+    FROM unnest($2::bytea[], $3::bytea[], $4::text[], $5::bytea[]) WITH ORDINALITY
+        AS u(tenant, endpoint, key, fingerprint, ord)),
+n AS (SELECT u.*, row_number() OVER (PARTITION BY u.tenant, u.held ORDER BY u.ord) AS nth FROM u),
+rooms AS MATERIALIZED (SELECT tenant, {s}.room(tenant, $10::bigint) AS room
+    FROM (SELECT DISTINCT tenant FROM n WHERE NOT held AND $10::bigint IS NOT NULL) d),
+store AS MATERIALIZED (SELECT coalesce((SELECT sum(bytes) FROM {s}.usage_total WHERE slot >= 0), 0)::bigint
+    AS bytes),
+input AS MATERIALIZED (
+    SELECT n.tenant, n.endpoint, n.key, n.fingerprint, store.bytes,
+        CASE WHEN n.held THEN NULL
+             WHEN $11::bigint IS NOT NULL AND store.bytes >= $11::bigint THEN 'store'
+             WHEN n.nth > rooms.room THEN 'tenant' END AS refused
+    FROM n CROSS JOIN store LEFT JOIN rooms ON rooms.tenant = n.tenant),
+won AS ("#,
+    claim_over!("SELECT * FROM input WHERE refused IS NULL"),
+    r#")
+SELECT won.*, NULL::text, NULL::bigint FROM won
+UNION ALL
+SELECT tenant, endpoint, key, NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint,
+    NULL::bigint, NULL::boolean, NULL::boolean, refused, bytes
+FROM input WHERE refused IS NOT NULL"#
 );
 
 /// [`CLAIM`] for one key, with scalar parameters: the same statement, planned for one row
@@ -327,7 +496,16 @@ WHERE r.tenant = due.tenant AND r.endpoint = due.endpoint AND r.key = due.key
 
 /// The number of records, expired ones not yet purged included (as the file engine's index
 /// counts them). A count: O(records), for `stats`, which operators call now and then.
-pub(crate) const COUNT: &str = "SELECT count(*) FROM {s}.records";
+/// The records, as counted by [`COUNT_RECORDS`]'s triggers (at most 64 rows read), or by a
+/// pass over the table where nothing counts them.
+pub(crate) const COUNT: &str = "SELECT CASE WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_trigger
+        WHERE tgrelid = '{s}.records'::regclass AND tgname = 'count_inserted')
+    THEN (SELECT coalesce(sum(records), 0) FROM {s}.usage_total WHERE slot >= 0)
+    ELSE (SELECT count(*) FROM {s}.records) END::bigint";
+
+/// Whether the records are counted ([`COUNT_RECORDS`] ran).
+pub(crate) const COUNTED: &str = "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger
+    WHERE tgrelid = '{s}.records'::regclass AND tgname = 'count_inserted')";
 
 /// A census in the database (one pass over the table; no row leaves the server): per tenant
 /// and status, the records, their bodies' bytes and the highest fence. The status is the index
