@@ -1,0 +1,132 @@
+//! `idemdb-mcp`: an MCP gateway in front of upstream MCP servers, making agents' tool calls
+//! effectively-once with keys the harness gives (issue 29).
+//!
+//! In progress. What works: `idemdb-mcp serve --store STORE -- COMMAND ARGS...` speaks MCP on
+//! stdio to one client and forwards every message, both ways, to one upstream server run as a
+//! child process on stdio (request ids renumbered, cancellations renamed, everything else
+//! unchanged). Not yet: the keyed `tools/call` (the store is opened but not used), Streamable
+//! HTTP (`--listen`), several upstreams (`--config`).
+
+mod message;
+mod proxy;
+mod stdio;
+
+use std::process::ExitCode;
+
+const USAGE: &str = "usage: idemdb-mcp serve --store STORE [--tenant TENANT] -- COMMAND [ARG...]";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let serve = match parse(&args) {
+        Ok(serve) => serve,
+        Err(why) => {
+            eprintln!("idemdb-mcp: {why}\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    let store = match idemdb::Store::open(&serve.store) {
+        Ok(store) => store,
+        Err(e) => {
+            eprintln!("idemdb-mcp: the store {}: {e}", serve.store);
+            return ExitCode::from(1);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("idemdb-mcp: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let status = runtime.block_on(stdio::serve(&serve.command));
+    drop(store);
+    match status {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("idemdb-mcp: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// `serve`'s arguments.
+#[derive(Debug, PartialEq)]
+struct Serve {
+    store: String,
+    tenant: String,
+    command: Vec<String>,
+}
+
+fn parse(args: &[String]) -> Result<Serve, String> {
+    let (ours, command) = match args.iter().position(|a| a == "--") {
+        Some(at) => (&args[..at], args[at + 1..].to_vec()),
+        None => (args, Vec::new()),
+    };
+    let mut ours = ours.iter();
+    if ours.next().map(String::as_str) != Some("serve") {
+        return Err("the only command is `serve`".into());
+    }
+    let (mut store, mut tenant) = (None, String::from("default"));
+    while let Some(arg) = ours.next() {
+        let mut value = || {
+            ours.next()
+                .cloned()
+                .ok_or_else(|| format!("{arg} needs a value"))
+        };
+        match arg.as_str() {
+            "--store" => store = Some(value()?),
+            "--tenant" => tenant = value()?,
+            "--listen" | "--config" => return Err(format!("{arg} is not offered yet")),
+            other => return Err(format!("unknown argument {other:?}")),
+        }
+    }
+    let store = store.ok_or("--store is required")?;
+    if command.is_empty() {
+        return Err("the upstream server's command goes after `--`".into());
+    }
+    Ok(Serve {
+        store,
+        tenant,
+        command,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(s: &str) -> Vec<String> {
+        s.split_whitespace().map(String::from).collect()
+    }
+
+    #[test]
+    fn serve_takes_a_store_a_tenant_and_the_upstream_command() {
+        assert_eq!(
+            parse(&args(
+                "serve --store s.idem --tenant acme -- python server.py --flag"
+            )),
+            Ok(Serve {
+                store: "s.idem".into(),
+                tenant: "acme".into(),
+                command: args("python server.py --flag"),
+            })
+        );
+        for (bad, says) in [
+            ("", "only command"),
+            ("serve -- x", "--store is required"),
+            ("serve --store", "needs a value"),
+            ("serve --store s", "after `--`"),
+            ("serve --store s --nope -- x", "unknown argument"),
+            (
+                "serve --store s --listen 127.0.0.1:1 -- x",
+                "not offered yet",
+            ),
+        ] {
+            let err = parse(&args(bad)).unwrap_err();
+            assert!(err.contains(says), "{bad}: {err}");
+        }
+    }
+}

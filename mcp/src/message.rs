@@ -1,0 +1,85 @@
+//! A JSON-RPC 2.0 message as the gateway sees it: kept whole (a `serde_json` value, so fields
+//! the gateway does not know pass through unchanged), classified by the members it has.
+
+use serde_json::Value;
+
+/// What a message is, by JSON-RPC 2.0's rules: a request has `method` and `id`, a notification
+/// `method` alone, a response `id` and `result` or `error`.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Kind {
+    Request {
+        id: Value,
+        method: String,
+    },
+    Notification {
+        method: String,
+    },
+    Response {
+        id: Value,
+    },
+    /// Anything else (a batch array, a value without those members): passed on as it is.
+    Other,
+}
+
+/// Classifies `message`.
+pub(crate) fn kind(message: &Value) -> Kind {
+    let Some(object) = message.as_object() else {
+        return Kind::Other;
+    };
+    let method = object.get("method").and_then(Value::as_str);
+    match (method, object.get("id")) {
+        (Some(method), Some(id)) => Kind::Request {
+            id: id.clone(),
+            method: method.to_owned(),
+        },
+        (Some(method), None) => Kind::Notification {
+            method: method.to_owned(),
+        },
+        (None, Some(id)) if object.contains_key("result") || object.contains_key("error") => {
+            Kind::Response { id: id.clone() }
+        }
+        _ => Kind::Other,
+    }
+}
+
+/// A JSON-RPC error response to `id`.
+pub(crate) fn error(id: &Value, code: i64, message: &str) -> Value {
+    serde_json::json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn messages_are_told_apart_by_their_members() {
+        for (message, expected) in [
+            (
+                json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {}}),
+                Kind::Request {
+                    id: json!(7),
+                    method: "tools/call".into(),
+                },
+            ),
+            (
+                json!({"jsonrpc": "2.0", "method": "notifications/cancelled"}),
+                Kind::Notification {
+                    method: "notifications/cancelled".into(),
+                },
+            ),
+            (
+                json!({"jsonrpc": "2.0", "id": "a", "result": {}}),
+                Kind::Response { id: json!("a") },
+            ),
+            (
+                json!({"jsonrpc": "2.0", "id": null, "error": {"code": -32700}}),
+                Kind::Response { id: json!(null) },
+            ),
+            (json!([1, 2]), Kind::Other),
+            (json!({"jsonrpc": "2.0", "id": 1}), Kind::Other),
+        ] {
+            assert_eq!(kind(&message), expected, "{message}");
+        }
+    }
+}
