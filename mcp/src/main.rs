@@ -1,17 +1,24 @@
 //! `idemdb-mcp`: an MCP gateway in front of upstream MCP servers, making agents' tool calls
 //! effectively-once with keys the harness gives (issue 29).
 //!
-//! In progress. What works: `idemdb-mcp serve --store STORE -- COMMAND ARGS...` speaks MCP on
-//! stdio to one client and forwards every message, both ways, to one upstream server run as a
-//! child process on stdio (request ids renumbered, cancellations renamed, everything else
-//! unchanged). Not yet: the keyed `tools/call` (the store is opened but not used), Streamable
-//! HTTP (`--listen`), several upstreams (`--config`).
+//! In progress. What works: `idemdb-mcp serve --store STORE [--tenant T] -- COMMAND ARGS...`
+//! speaks MCP on stdio to one client and forwards every message, both ways, to one upstream
+//! server run as a child process on stdio (request ids renumbered, cancellations renamed,
+//! everything else unchanged); a `tools/call` keyed by the harness (`keyed.rs`) runs once per
+//! key through the library's agent gateway. Not yet: a ready `io.idemdb/key`, read-only tools
+//! left unkeyed, strict mode, counters, Streamable HTTP (`--listen`), several upstreams
+//! (`--config`), PostgreSQL stores.
 
+mod keyed;
 mod message;
 mod proxy;
 mod stdio;
 
 use std::process::ExitCode;
+
+/// How long a duplicate of a keyed call in flight waits for its result before it is told the
+/// step is in progress.
+const WAIT_FOR_IN_FLIGHT: std::time::Duration = std::time::Duration::from_secs(30);
 
 const USAGE: &str = "usage: idemdb-mcp serve --store STORE [--tenant TENANT] -- COMMAND [ARG...]";
 
@@ -24,7 +31,12 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let store = match idemdb::Store::open(&serve.store) {
+    // A claim whose call was lost with an upstream is never taken over: its outcome is unknown
+    // until an operator (or a reconciler) resolves it.
+    let store = match idemdb::Store::builder()
+        .stale_policy(idemdb::StalePolicy::Keep)
+        .open(&serve.store)
+    {
         Ok(store) => store,
         Err(e) => {
             eprintln!("idemdb-mcp: the store {}: {e}", serve.store);
@@ -41,8 +53,10 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let status = runtime.block_on(stdio::serve(&serve.command));
-    drop(store);
+    let gateway = idemdb::agent::Gateway::builder(store)
+        .wait_for_in_flight(WAIT_FOR_IN_FLIGHT)
+        .build();
+    let status = runtime.block_on(stdio::serve(&serve.command, Some((gateway, serve.tenant))));
     match status {
         Ok(code) => ExitCode::from(code),
         Err(e) => {

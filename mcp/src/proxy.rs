@@ -8,11 +8,14 @@
 //! Nothing else is changed: a method the gateway does not know, a field it does not know, a
 //! progress token (the client's own, carried in the request's `_meta`) go through as they are.
 
+use crate::keyed::{self, Upstream};
 use crate::message::{self, Kind};
+use idemdb::agent::{Gateway, ToolCallKey};
 use serde_json::Value;
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc::UnboundedSender;
+use tokio::sync::oneshot;
 
 /// The JSON-RPC code for an error of the gateway's own (the server-error range).
 pub(crate) const UPSTREAM_GONE: i64 = -32000;
@@ -22,6 +25,9 @@ pub(crate) struct Proxy {
     upstream: UnboundedSender<Value>,
     downstream: UnboundedSender<Value>,
     maps: Mutex<Maps>,
+    /// The gateway keyed calls go through, and the tenant they act for (`None`: a plain
+    /// proxy).
+    keyed: Option<(Gateway, String)>,
 }
 
 #[derive(Default)]
@@ -35,6 +41,8 @@ struct Maps {
     server_requests: HashMap<u64, Value>,
     /// The server's id (as JSON text) → the gateway's id toward the client.
     server_ids: HashMap<String, u64>,
+    /// Gateway id toward the server → the keyed call waiting for that answer.
+    keyed: HashMap<u64, oneshot::Sender<Value>>,
 }
 
 impl Maps {
@@ -48,11 +56,13 @@ impl Proxy {
     pub(crate) fn new(
         upstream: UnboundedSender<Value>,
         downstream: UnboundedSender<Value>,
+        keyed: Option<(Gateway, String)>,
     ) -> Proxy {
         Proxy {
             upstream,
             downstream,
             maps: Mutex::new(Maps::default()),
+            keyed,
         }
     }
 
@@ -63,19 +73,20 @@ impl Proxy {
     }
 
     /// A message from the client.
-    pub(crate) fn client_sent(&self, mut message: Value) {
+    pub(crate) fn client_sent(self: &Arc<Self>, mut message: Value) {
         match message::kind(&message) {
-            Kind::Request { id, .. } => {
-                let ours = {
-                    let mut maps = self.maps();
-                    let ours = maps.next_id();
-                    maps.client_ids.insert(id.to_string(), ours);
-                    maps.client_requests.insert(ours, id);
-                    ours
-                };
-                message["id"] = Value::from(ours);
-                let _ = self.upstream.send(message);
+            Kind::Request { id, method } if method == "tools/call" && self.keyed.is_some() => {
+                match keyed::key_of(&message["params"]) {
+                    Ok(Some(key)) => self.keyed_call(id, key, message),
+                    Ok(None) => self.forward_request(id, message),
+                    Err(why) => {
+                        let _ =
+                            self.downstream
+                                .send(message::error(&id, keyed::INVALID_PARAMS, &why));
+                    }
+                }
             }
+            Kind::Request { id, .. } => self.forward_request(id, message),
             Kind::Notification { method } if method == "notifications/cancelled" => {
                 let theirs = message["params"]["requestId"].to_string();
                 let Some(ours) = self.maps().client_ids.get(&theirs).copied() else {
@@ -101,10 +112,66 @@ impl Proxy {
         }
     }
 
+    /// A request of the client's, forwarded under an id of the gateway's.
+    fn forward_request(&self, id: Value, mut message: Value) {
+        let ours = {
+            let mut maps = self.maps();
+            let ours = maps.next_id();
+            maps.client_ids.insert(id.to_string(), ours);
+            maps.client_requests.insert(ours, id);
+            ours
+        };
+        message["id"] = Value::from(ours);
+        let _ = self.upstream.send(message);
+    }
+
+    /// A keyed `tools/call`, run through the gateway on a blocking thread (the store's calls
+    /// block): claimed, then forwarded, then stored, then answered. The client's cancellation
+    /// of it is not forwarded (its id is not in `client_ids`): a call already forwarded runs
+    /// to its end, and its result is stored for the retry.
+    fn keyed_call(self: &Arc<Self>, id: Value, key: ToolCallKey, message: Value) {
+        let proxy = Arc::clone(self);
+        tokio::task::spawn_blocking(move || {
+            let Some((gateway, tenant)) = &proxy.keyed else {
+                return;
+            };
+            let params = message["params"].clone();
+            let reply = keyed::call(gateway, tenant, &key, &id, &params, |key| {
+                let (tx, rx) = oneshot::channel();
+                let ours = {
+                    let mut maps = proxy.maps();
+                    let ours = maps.next_id();
+                    maps.keyed.insert(ours, tx);
+                    ours
+                };
+                let mut forwarded = message;
+                forwarded["id"] = Value::from(ours);
+                if !forwarded["params"]["_meta"].is_object() {
+                    forwarded["params"]["_meta"] = serde_json::json!({});
+                }
+                forwarded["params"]["_meta"][keyed::KEY] = Value::from(key);
+                if proxy.upstream.send(forwarded).is_err() {
+                    proxy.maps().keyed.remove(&ours);
+                    return Upstream::Lost;
+                }
+                match rx.blocking_recv() {
+                    Ok(response) => Upstream::Answered(response),
+                    Err(_) => Upstream::Lost,
+                }
+            });
+            let _ = proxy.downstream.send(reply);
+        });
+    }
+
     /// A message from the server.
     pub(crate) fn server_sent(&self, mut message: Value) {
         match message::kind(&message) {
             Kind::Response { id } => {
+                let waiting = id.as_u64().and_then(|ours| self.maps().keyed.remove(&ours));
+                if let Some(waiting) = waiting {
+                    let _ = waiting.send(message);
+                    return;
+                }
                 let client_id = id
                     .as_u64()
                     .and_then(|ours| self.maps().client_requests.remove(&ours));
@@ -145,6 +212,8 @@ impl Proxy {
     pub(crate) fn server_gone(&self, why: &str) {
         let pending: Vec<Value> = {
             let mut maps = self.maps();
+            // Keyed calls in flight hear that their answer is lost.
+            maps.keyed.clear();
             maps.client_ids.clear();
             maps.client_requests.drain().map(|(_, id)| id).collect()
         };
@@ -170,7 +239,7 @@ mod tests {
     fn ids_are_renumbered_both_ways_and_cancellations_follow() {
         let (up_tx, mut up) = mpsc::unbounded_channel();
         let (down_tx, mut down) = mpsc::unbounded_channel();
-        let proxy = Proxy::new(up_tx, down_tx);
+        let proxy = Arc::new(Proxy::new(up_tx, down_tx, None));
 
         proxy.client_sent(
             json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "x"}}),
@@ -213,7 +282,7 @@ mod tests {
     fn a_server_that_ends_fails_the_requests_in_flight() {
         let (up_tx, _up) = mpsc::unbounded_channel();
         let (down_tx, mut down) = mpsc::unbounded_channel();
-        let proxy = Proxy::new(up_tx, down_tx);
+        let proxy = Arc::new(Proxy::new(up_tx, down_tx, None));
         proxy.client_sent(json!({"jsonrpc": "2.0", "id": "a", "method": "tools/list"}));
         proxy.server_gone("exit status 1");
         let answer = down.try_recv().unwrap();

@@ -13,7 +13,10 @@ use tokio::sync::mpsc;
 /// Serves one client on stdio in front of `command`, until the client closes stdin (then the
 /// upstream's stdin is closed and it is waited for) or the upstream ends (then every request
 /// in flight is answered with an error). Returns the exit code to end with.
-pub(crate) async fn serve(command: &[String]) -> std::io::Result<u8> {
+pub(crate) async fn serve(
+    command: &[String],
+    keyed: Option<(idemdb::agent::Gateway, String)>,
+) -> std::io::Result<u8> {
     let (program, args) = command
         .split_first()
         .ok_or_else(|| std::io::Error::other("no upstream command"))?;
@@ -30,7 +33,7 @@ pub(crate) async fn serve(command: &[String]) -> std::io::Result<u8> {
     );
     let (up_tx, up_rx) = mpsc::unbounded_channel();
     let (down_tx, down_rx) = mpsc::unbounded_channel();
-    let proxy = Arc::new(Proxy::new(up_tx, down_tx.clone()));
+    let proxy = Arc::new(Proxy::new(up_tx, down_tx.clone(), keyed));
 
     let to_upstream = tokio::spawn(write_lines(up_rx, child_in));
     let to_client = tokio::spawn(write_lines(down_rx, tokio::io::stdout()));

@@ -1,0 +1,193 @@
+//! The keyed `tools/call`: effectively-once through the library's agent gateway.
+//!
+//! A call whose `params._meta` carries `io.idemdb/task` and `io.idemdb/step` (a string, or a
+//! step number as a number or its decimal string) is keyed by (task, step, tool) under the
+//! gateway's tenant; nothing is read from `arguments`. The claim is durable before the call is
+//! forwarded, with `_meta["io.idemdb/key"]` added so the tool can pass the key on. The
+//! upstream's result (an `isError` result too: that is the tool's outcome) is stored and
+//! replayed to every retry, reworded or not, with `io.idemdb/replayed` and
+//! `io.idemdb/argumentsChanged` in its `_meta`. A JSON-RPC error from the upstream releases the
+//! key. An upstream that ends mid-call leaves the outcome unknown: the claim stays in progress
+//! (the store never takes it over by itself), and retries are told so until it is resolved.
+
+use idemdb::agent::{Gateway, Outcome, ToolCallKey};
+use idemdb::Failure;
+use serde_json::{json, Value};
+
+/// The `_meta` keys the gateway reads and writes.
+pub(crate) const TASK: &str = "io.idemdb/task";
+pub(crate) const STEP: &str = "io.idemdb/step";
+pub(crate) const KEY: &str = "io.idemdb/key";
+pub(crate) const REPLAYED: &str = "io.idemdb/replayed";
+pub(crate) const ARGUMENTS_CHANGED: &str = "io.idemdb/argumentsChanged";
+
+/// JSON-RPC codes of the gateway's own answers.
+pub(crate) const INVALID_PARAMS: i64 = -32602;
+pub(crate) const IN_PROGRESS: i64 = -32001;
+pub(crate) const UNKNOWN_OUTCOME: i64 = -32002;
+pub(crate) const STORE_FAILED: i64 = -32003;
+
+/// The key of a `tools/call`'s params, if the harness gave one: `Ok(None)` for an unkeyed
+/// call, `Err` (what is wrong) for a key given badly.
+pub(crate) fn key_of(params: &Value) -> Result<Option<ToolCallKey>, String> {
+    let meta = &params["_meta"];
+    let (task, step) = (&meta[TASK], &meta[STEP]);
+    if task.is_null() && step.is_null() {
+        return Ok(None);
+    }
+    let task = match task {
+        Value::String(s) if !s.is_empty() => s.clone(),
+        Value::Number(n) => n.to_string(),
+        _ => {
+            return Err(format!(
+                "_meta.{TASK} must be a non-empty string or a number"
+            ))
+        }
+    };
+    let step = match step {
+        Value::Number(n) => n.as_u64(),
+        Value::String(s) => s.parse::<u64>().ok(),
+        _ => None,
+    }
+    .ok_or_else(|| format!("_meta.{STEP} must be a non-negative integer, or its decimal string"))?;
+    let tool = params["name"]
+        .as_str()
+        .ok_or("a tools/call without a tool name")?;
+    Ok(Some(ToolCallKey::new(&task, step, tool)))
+}
+
+/// What the forwarded call came back with.
+pub(crate) enum Upstream {
+    /// The JSON-RPC response (a `result` or an `error`).
+    Answered(Value),
+    /// No answer: the upstream ended (or the gateway did) after the call was sent.
+    Lost,
+}
+
+/// Runs a keyed call (blocking: on a blocking thread). `forward` sends the call upstream (with
+/// the key in its `_meta`) and waits for what comes back. Returns the JSON-RPC response for
+/// the client's request `id`.
+pub(crate) fn call(
+    gateway: &Gateway,
+    tenant: &str,
+    key: &ToolCallKey,
+    id: &Value,
+    params: &Value,
+    forward: impl FnOnce(&str) -> Upstream,
+) -> Value {
+    let arguments = params["arguments"].to_string();
+    let outcome = gateway.call(tenant, key, arguments.as_bytes(), |_attempt| match forward(
+        key.as_str(),
+    ) {
+        Upstream::Answered(response) => match response.get("error") {
+            Some(error) => Err(Failure::Transient(error.to_string().into_bytes())),
+            None => Ok(response["result"].to_string().into_bytes()),
+        },
+        Upstream::Lost => Err(Failure::Ambiguous(Vec::new())),
+    });
+    match outcome {
+        Ok(Outcome::Executed { result, .. }) => result_reply(id, &result, key, None),
+        Ok(Outcome::Replayed {
+            result,
+            arguments_changed,
+        }) => result_reply(id, &result, key, Some(arguments_changed)),
+        Ok(Outcome::InProgress { retry_after }) => error_reply(
+            id,
+            IN_PROGRESS,
+            "this step is in progress in another call, or its outcome is unknown (an upstream \
+             ended mid-call: `idemdb list --state orphan` shows it, `idemdb resolve` settles it)",
+            json!({"key": key.as_str(), "retryAfterMs": retry_after.as_millis() as u64}),
+        ),
+        Ok(Outcome::Released { error }) => {
+            let error: Value = serde_json::from_slice(&error).unwrap_or(Value::Null);
+            json!({"jsonrpc": "2.0", "id": id, "error": error})
+        }
+        Ok(Outcome::Unresolved { .. }) => error_reply(
+            id,
+            UNKNOWN_OUTCOME,
+            "the upstream ended while this step ran: whether its side effect happened is \
+             unknown, so it is not run again; `idemdb resolve` settles it",
+            json!({"key": key.as_str()}),
+        ),
+        Ok(Outcome::Mismatch { .. }) => error_reply(
+            id,
+            INVALID_PARAMS,
+            "this step's key was used with other arguments",
+            json!({"key": key.as_str()}),
+        ),
+        Ok(_) => error_reply(
+            id,
+            STORE_FAILED,
+            "an outcome this gateway does not know",
+            json!({}),
+        ),
+        Err(e) => error_reply(
+            id,
+            STORE_FAILED,
+            &format!("the gateway's store failed: {e}"),
+            json!({"key": key.as_str()}),
+        ),
+    }
+}
+
+fn result_reply(
+    id: &Value,
+    stored: &Result<Vec<u8>, Vec<u8>>,
+    key: &ToolCallKey,
+    replay: Option<bool>,
+) -> Value {
+    let bytes = match stored {
+        Ok(bytes) | Err(bytes) => bytes,
+    };
+    let mut result: Value = serde_json::from_slice(bytes).unwrap_or_else(|_| json!({}));
+    if !result["_meta"].is_object() {
+        result["_meta"] = json!({});
+    }
+    result["_meta"][KEY] = json!(key.as_str());
+    if let Some(changed) = replay {
+        result["_meta"][REPLAYED] = json!(true);
+        result["_meta"][ARGUMENTS_CHANGED] = json!(changed);
+    }
+    json!({"jsonrpc": "2.0", "id": id, "result": result})
+}
+
+fn error_reply(id: &Value, code: i64, message: &str, data: Value) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message, "data": data}})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_come_from_the_harness_meta_never_from_the_arguments() {
+        let params = |meta: Value| json!({"name": "create_incident", "arguments": {"title": "x"}, "_meta": meta});
+        let key = key_of(&params(json!({TASK: "task-7", STEP: 3})))
+            .unwrap()
+            .unwrap();
+        assert_eq!(key.as_str(), "tc1:task-7:3:create_incident");
+        // A step as its decimal string is the same step; a numeric task is its text.
+        assert_eq!(
+            key_of(&params(json!({TASK: "task-7", STEP: "3"}))).unwrap(),
+            Some(key)
+        );
+        assert_eq!(
+            key_of(&params(json!({TASK: 42, STEP: 0})))
+                .unwrap()
+                .unwrap()
+                .as_str(),
+            "tc1:42:0:create_incident"
+        );
+        assert_eq!(key_of(&params(json!({"progressToken": 1}))).unwrap(), None);
+        assert_eq!(key_of(&json!({"name": "x"})).unwrap(), None);
+        for bad in [
+            json!({TASK: "t"}),
+            json!({STEP: 1}),
+            json!({TASK: "", STEP: 1}),
+            json!({TASK: "t", STEP: -1}),
+            json!({TASK: "t", STEP: "three"}),
+        ] {
+            assert!(key_of(&params(bad.clone())).is_err(), "{bad}");
+        }
+    }
+}

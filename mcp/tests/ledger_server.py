@@ -1,0 +1,42 @@
+"""An upstream tool server with a side effect and a ledger of it (official Python SDK).
+
+`create_incident` appends one line to the ledger per execution: the title and the key the
+gateway forwarded in `_meta["io.idemdb/key"]`; it sleeps `seconds` first (a slow tool that a
+client gives up on). `ledger` (read-only) returns the ledger's lines.
+
+    python ledger_server.py LEDGER_PATH
+"""
+
+import sys
+
+import anyio
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.types import ToolAnnotations
+
+LEDGER = sys.argv[1]
+app = MCPServer("ledger")
+
+
+@app.tool(annotations=ToolAnnotations(readOnlyHint=False, idempotentHint=False))
+async def create_incident(title: str, ctx: Context, seconds: float = 0.0) -> str:
+    await anyio.sleep(seconds)
+    meta = ctx.request_context.meta or {}
+    key = meta.get("io.idemdb/key")
+    with open(LEDGER, "a") as f:
+        f.write(f"{title}\t{key}\n")
+    with open(LEDGER) as f:
+        number = sum(1 for _ in f)
+    return f"INC-{number}: {title}"
+
+
+@app.tool(annotations=ToolAnnotations(readOnlyHint=True))
+def ledger() -> str:
+    try:
+        with open(LEDGER) as f:
+            return f.read()
+    except FileNotFoundError:
+        return ""
+
+
+if __name__ == "__main__":
+    app.run()
