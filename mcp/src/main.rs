@@ -16,11 +16,12 @@ mod stdio;
 
 use std::process::ExitCode;
 
-/// How long a duplicate of a keyed call in flight waits for its result before it is told the
-/// step is in progress.
+/// How long a duplicate of a keyed call in flight waits for its result, by default, before it
+/// is told the step is in progress.
 const WAIT_FOR_IN_FLIGHT: std::time::Duration = std::time::Duration::from_secs(30);
 
-const USAGE: &str = "usage: idemdb-mcp serve --store STORE [--tenant TENANT] -- COMMAND [ARG...]";
+const USAGE: &str = "usage: idemdb-mcp serve --store STORE [--tenant TENANT] [--wait SECONDS] \
+                     -- COMMAND [ARG...]";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -54,7 +55,7 @@ fn main() -> ExitCode {
         }
     };
     let gateway = idemdb::agent::Gateway::builder(store)
-        .wait_for_in_flight(WAIT_FOR_IN_FLIGHT)
+        .wait_for_in_flight(serve.wait)
         .build();
     let status = runtime.block_on(stdio::serve(&serve.command, Some((gateway, serve.tenant))));
     match status {
@@ -71,6 +72,8 @@ fn main() -> ExitCode {
 struct Serve {
     store: String,
     tenant: String,
+    /// How long a duplicate of a keyed call in flight waits for its result.
+    wait: std::time::Duration,
     command: Vec<String>,
 }
 
@@ -83,7 +86,7 @@ fn parse(args: &[String]) -> Result<Serve, String> {
     if ours.next().map(String::as_str) != Some("serve") {
         return Err("the only command is `serve`".into());
     }
-    let (mut store, mut tenant) = (None, String::from("default"));
+    let (mut store, mut tenant, mut wait) = (None, String::from("default"), WAIT_FOR_IN_FLIGHT);
     while let Some(arg) = ours.next() {
         let mut value = || {
             ours.next()
@@ -93,6 +96,14 @@ fn parse(args: &[String]) -> Result<Serve, String> {
         match arg.as_str() {
             "--store" => store = Some(value()?),
             "--tenant" => tenant = value()?,
+            "--wait" => {
+                let seconds = value()?;
+                wait = seconds
+                    .parse::<f64>()
+                    .ok()
+                    .and_then(|s| std::time::Duration::try_from_secs_f64(s).ok())
+                    .ok_or_else(|| format!("--wait {seconds}: not a number of seconds"))?;
+            }
             "--listen" | "--config" => return Err(format!("{arg} is not offered yet")),
             other => return Err(format!("unknown argument {other:?}")),
         }
@@ -104,6 +115,7 @@ fn parse(args: &[String]) -> Result<Serve, String> {
     Ok(Serve {
         store,
         tenant,
+        wait,
         command,
     })
 }
@@ -120,11 +132,12 @@ mod tests {
     fn serve_takes_a_store_a_tenant_and_the_upstream_command() {
         assert_eq!(
             parse(&args(
-                "serve --store s.idem --tenant acme -- python server.py --flag"
+                "serve --store s.idem --tenant acme --wait 1.5 -- python server.py --flag"
             )),
             Ok(Serve {
                 store: "s.idem".into(),
                 tenant: "acme".into(),
+                wait: std::time::Duration::from_millis(1500),
                 command: args("python server.py --flag"),
             })
         );
@@ -138,6 +151,11 @@ mod tests {
                 "serve --store s --listen 127.0.0.1:1 -- x",
                 "not offered yet",
             ),
+            (
+                "serve --store s --wait soon -- x",
+                "not a number of seconds",
+            ),
+            ("serve --store s --wait -1 -- x", "not a number of seconds"),
         ] {
             let err = parse(&args(bad)).unwrap_err();
             assert!(err.contains(says), "{bad}: {err}");

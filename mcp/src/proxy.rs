@@ -43,6 +43,11 @@ struct Maps {
     server_ids: HashMap<String, u64>,
     /// Gateway id toward the server → the keyed call waiting for that answer.
     keyed: HashMap<u64, oneshot::Sender<Value>>,
+    /// Gateway ids of the client's `tools/list` requests in flight: their answers say which
+    /// tools are read-only.
+    tool_lists: std::collections::HashSet<u64>,
+    /// The tools the upstream marks `readOnlyHint: true`: never keyed.
+    read_only: std::collections::HashSet<String>,
 }
 
 impl Maps {
@@ -75,7 +80,11 @@ impl Proxy {
     /// A message from the client.
     pub(crate) fn client_sent(self: &Arc<Self>, mut message: Value) {
         match message::kind(&message) {
-            Kind::Request { id, method } if method == "tools/call" && self.keyed.is_some() => {
+            Kind::Request { id, method }
+                if method == "tools/call"
+                    && self.keyed.is_some()
+                    && !self.read_only(&message["params"]["name"]) =>
+            {
                 match keyed::key_of(&message["params"]) {
                     Ok(Some(key)) => self.keyed_call(id, key, message),
                     Ok(None) => self.forward_request(id, message),
@@ -112,11 +121,21 @@ impl Proxy {
         }
     }
 
+    /// Whether the upstream marks the tool `name` read-only (then a call of it is not keyed:
+    /// it has no side effect to do once).
+    fn read_only(&self, name: &Value) -> bool {
+        name.as_str()
+            .is_some_and(|name| self.maps().read_only.contains(name))
+    }
+
     /// A request of the client's, forwarded under an id of the gateway's.
     fn forward_request(&self, id: Value, mut message: Value) {
         let ours = {
             let mut maps = self.maps();
             let ours = maps.next_id();
+            if message["method"] == "tools/list" {
+                maps.tool_lists.insert(ours);
+            }
             maps.client_ids.insert(id.to_string(), ours);
             maps.client_requests.insert(ours, id);
             ours
@@ -172,6 +191,9 @@ impl Proxy {
                     let _ = waiting.send(message);
                     return;
                 }
+                if let Some(ours) = id.as_u64() {
+                    self.note_tools(ours, &message);
+                }
                 let client_id = id
                     .as_u64()
                     .and_then(|ours| self.maps().client_requests.remove(&ours));
@@ -203,6 +225,24 @@ impl Proxy {
             }
             Kind::Notification { .. } | Kind::Other => {
                 let _ = self.downstream.send(message);
+            }
+        }
+    }
+
+    /// Notes which tools an answer to a `tools/list` says are read-only (page by page).
+    fn note_tools(&self, ours: u64, response: &Value) {
+        let mut maps = self.maps();
+        if !maps.tool_lists.remove(&ours) {
+            return;
+        }
+        for tool in response["result"]["tools"].as_array().into_iter().flatten() {
+            let Some(name) = tool["name"].as_str() else {
+                continue;
+            };
+            if tool["annotations"]["readOnlyHint"] == Value::Bool(true) {
+                maps.read_only.insert(name.to_owned());
+            } else {
+                maps.read_only.remove(name);
             }
         }
     }
@@ -276,6 +316,34 @@ mod tests {
         proxy.server_sent(json!({"jsonrpc": "2.0", "id": ours, "result": {}}));
         assert!(up.try_recv().is_err());
         assert!(down.try_recv().is_err());
+    }
+
+    /// A tool the upstream's `tools/list` marks read-only is forwarded as it is, keys or not.
+    #[test]
+    fn a_read_only_tool_is_never_keyed() {
+        let (up_tx, mut up) = mpsc::unbounded_channel();
+        let (down_tx, _down) = mpsc::unbounded_channel();
+        let store = idemdb::Store::in_memory().unwrap();
+        let proxy = Arc::new(Proxy::new(
+            up_tx,
+            down_tx,
+            Some((Gateway::new(store), "t".into())),
+        ));
+        proxy.client_sent(json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}));
+        let ours = up.try_recv().unwrap()["id"].clone();
+        proxy.server_sent(json!({"jsonrpc": "2.0", "id": ours, "result": {"tools": [
+            {"name": "peek", "annotations": {"readOnlyHint": true}},
+            {"name": "pay", "annotations": {"readOnlyHint": false}},
+        ]}}));
+        let meta = json!({"io.idemdb/task": "t", "io.idemdb/step": 1});
+        proxy.client_sent(json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+            "params": {"name": "peek", "arguments": {}, "_meta": meta}}));
+        let sent = up.try_recv().unwrap();
+        assert_eq!(sent["params"]["name"], "peek");
+        assert!(
+            sent["params"]["_meta"].get("io.idemdb/key").is_none(),
+            "{sent}"
+        );
     }
 
     #[test]

@@ -2,11 +2,13 @@
 
 `create_incident` appends one line to the ledger per execution: the title and the key the
 gateway forwarded in `_meta["io.idemdb/key"]`; it sleeps `seconds` first (a slow tool that a
-client gives up on). `ledger` (read-only) returns the ledger's lines.
+client gives up on). `create_and_die` appends its line, then the whole server exits before it
+answers. `ledger` (read-only) returns the ledger's lines.
 
     python ledger_server.py LEDGER_PATH
 """
 
+import os
 import sys
 
 import anyio
@@ -27,6 +29,15 @@ async def create_incident(title: str, ctx: Context, seconds: float = 0.0) -> str
     with open(LEDGER) as f:
         number = sum(1 for _ in f)
     return f"INC-{number}: {title}"
+
+
+@app.tool(annotations=ToolAnnotations(readOnlyHint=False))
+async def create_and_die(title: str, ctx: Context) -> str:
+    """Has its side effect, then the server dies before it answers."""
+    meta = ctx.request_context.meta or {}
+    with open(LEDGER, "a") as f:
+        f.write(f"{title}\t{meta.get('io.idemdb/key')}\n")
+    os._exit(1)
 
 
 @app.tool(annotations=ToolAnnotations(readOnlyHint=True))

@@ -1,0 +1,52 @@
+"""The upstream dies mid-call (after its side effect, before its answer), with the official
+Python SDK: the caller is told the outcome is unknown, and a retry, in a new gateway process on
+the same store, is not executed again: the ledger keeps one line.
+
+    python upstream_dies.py GATEWAY_BINARY PYTHON STORE_DIR
+"""
+
+import os
+import sys
+
+import anyio
+from mcp import ClientSession, StdioServerParameters, stdio_client
+from mcp.shared.exceptions import MCPError
+
+gateway, python, store_dir = sys.argv[1:4]
+here = os.path.dirname(os.path.abspath(__file__))
+ledger_path = os.path.join(store_dir, "ledger.txt")
+params = StdioServerParameters(
+    command=gateway,
+    args=[
+        "serve", "--store", os.path.join(store_dir, "gateway.idem"), "--tenant", "agent-1",
+        "--wait", "1", "--", python, os.path.join(here, "ledger_server.py"), ledger_path,
+    ],
+)
+meta = {"io.idemdb/task": "task-5", "io.idemdb/step": 4}
+
+
+async def attempt():
+    """One session's call of step 4: the JSON-RPC error it gets."""
+    async with stdio_client(params) as (r, w), ClientSession(r, w) as s:
+        await s.initialize()
+        try:
+            result = await s.call_tool("create_and_die", {"title": "page on-call"},
+                                       read_timeout_seconds=10.0, meta=meta)
+        except MCPError as e:
+            return e.error
+        raise AssertionError(f"step 4 was answered: {result}")
+
+
+async def main():
+    first = await attempt()
+    assert first.code == -32002 and "unknown" in first.message, first
+    retry = await attempt()
+    assert retry.code == -32001 and "unknown" in retry.message, retry
+    with open(ledger_path) as f:
+        lines = f.read().splitlines()
+    assert lines == ["page on-call\ttc1:task-5:4:create_and_die"], lines
+    print(f"upstream died mid-call: told unknown ({first.code}), the retry was not run "
+          f"({retry.code}); {len(lines)} side effect in the ledger")
+
+
+anyio.run(main)
