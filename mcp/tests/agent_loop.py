@@ -6,23 +6,12 @@ every answered step must replay its own result.
     python agent_loop.py GATEWAY_BINARY PYTHON STORE_DIR
 """
 
-import os
-import sys
-
 import anyio
-from mcp import ClientSession, StdioServerParameters, stdio_client
+from ledger_gateway import params as gateway_params
+from mcp import ClientSession, stdio_client
 from mcp.shared.exceptions import MCPError
 
-gateway, python, store_dir = sys.argv[1:4]
-here = os.path.dirname(os.path.abspath(__file__))
-ledger_path = os.path.join(store_dir, "ledger.txt")
-params = StdioServerParameters(
-    command=gateway,
-    args=[
-        "serve", "--store", os.path.join(store_dir, "gateway.idem"), "--tenant", "agent-1", "--",
-        python, os.path.join(here, "ledger_server.py"), ledger_path,
-    ],
-)
+params = gateway_params()
 
 
 def step_meta(task, step):

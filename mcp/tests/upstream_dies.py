@@ -5,23 +5,13 @@ the same store, is not executed again: the ledger keeps one line.
     python upstream_dies.py GATEWAY_BINARY PYTHON STORE_DIR
 """
 
-import os
-import sys
-
 import anyio
-from mcp import ClientSession, StdioServerParameters, stdio_client
+from ledger_gateway import ledger_lines
+from ledger_gateway import params as gateway_params
+from mcp import ClientSession, stdio_client
 from mcp.shared.exceptions import MCPError
 
-gateway, python, store_dir = sys.argv[1:4]
-here = os.path.dirname(os.path.abspath(__file__))
-ledger_path = os.path.join(store_dir, "ledger.txt")
-params = StdioServerParameters(
-    command=gateway,
-    args=[
-        "serve", "--store", os.path.join(store_dir, "gateway.idem"), "--tenant", "agent-1",
-        "--wait", "1", "--", python, os.path.join(here, "ledger_server.py"), ledger_path,
-    ],
-)
+params = gateway_params("--wait", "1")
 meta = {"io.idemdb/task": "task-5", "io.idemdb/step": 4}
 
 
@@ -42,8 +32,7 @@ async def main():
     assert first.code == -32002 and "unknown" in first.message, first
     retry = await attempt()
     assert retry.code == -32001 and "unknown" in retry.message, retry
-    with open(ledger_path) as f:
-        lines = f.read().splitlines()
+    lines = ledger_lines()
     assert lines == ["page on-call\ttc1:task-5:4:create_and_die"], lines
     print(f"upstream died mid-call: told unknown ({first.code}), the retry was not run "
           f"({retry.code}); {len(lines)} side effect in the ledger")
