@@ -2,7 +2,7 @@
 
 `create_incident` appends one line to the ledger per execution: the title and the key the
 gateway forwarded in `_meta["io.idemdb/key"]`; it sleeps `seconds` first (a slow tool that a
-client gives up on). `create_and_die` appends its line, then the whole server exits before it
+client gives up on), and `answer_after` seconds between its side effect and its answer. `create_and_die` appends its line, then the whole server exits before it
 answers. `ledger` (read-only) returns the ledger's lines.
 
     python ledger_server.py LEDGER_PATH
@@ -20,7 +20,9 @@ app = MCPServer("ledger")
 
 
 @app.tool(annotations=ToolAnnotations(readOnlyHint=False, idempotentHint=False))
-async def create_incident(title: str, ctx: Context, seconds: float = 0.0) -> str:
+async def create_incident(
+    title: str, ctx: Context, seconds: float = 0.0, answer_after: float = 0.0
+) -> str:
     await anyio.sleep(seconds)
     meta = ctx.request_context.meta or {}
     key = meta.get("io.idemdb/key")
@@ -28,6 +30,7 @@ async def create_incident(title: str, ctx: Context, seconds: float = 0.0) -> str
         f.write(f"{title}\t{key}\n")
     with open(LEDGER) as f:
         number = sum(1 for _ in f)
+    await anyio.sleep(answer_after)
     return f"INC-{number}: {title}"
 
 

@@ -3,7 +3,8 @@
 //! look the same), and as an agent's tool gateway (`tests/agent_loop.py`: timeouts, reworded
 //! retries, concurrent duplicates and a resumed agent against a tool server with a ledger; every
 //! side effect once; `tests/upstream_dies.py`: a tool server that dies mid-call leaves the step's
-//! outcome unknown, and the step is never run again).
+//! outcome unknown, and the step is never run again; `tests/gateway_killed.py`: the same when the
+//! gateway itself is SIGKILLed mid-call and started again on its store).
 //!
 //! Needs the SDKs `scripts/mcp-sdks` installs: `eval "$(scripts/mcp-sdks)"` sets
 //! `IDEMDB_MCP_PYTHON` and `IDEMDB_MCP_NODE_MODULES` (`.ci/run` does).
@@ -69,5 +70,11 @@ fn an_agent_that_times_out_rewords_retries_and_resumes_has_each_side_effect_once
 #[test]
 fn an_upstream_that_dies_mid_call_leaves_the_outcome_unknown_and_is_never_run_again() {
     let out = python("dies", "upstream_dies.py", &sdk("IDEMDB_MCP_PYTHON"));
+    assert!(out.contains("1 side effect in the ledger"), "{out}");
+}
+
+#[test]
+fn a_gateway_killed_mid_call_and_restarted_never_runs_the_step_again() {
+    let out = python("killed", "gateway_killed.py", &sdk("IDEMDB_MCP_PYTHON"));
     assert!(out.contains("1 side effect in the ledger"), "{out}");
 }

@@ -6,10 +6,8 @@ the same store, is not executed again: the ledger keeps one line.
 """
 
 import anyio
-from ledger_gateway import ledger_lines
+from ledger_gateway import ledger_lines, refusal
 from ledger_gateway import params as gateway_params
-from mcp import ClientSession, stdio_client
-from mcp.shared.exceptions import MCPError
 
 params = gateway_params("--wait", "1")
 meta = {"io.idemdb/task": "task-5", "io.idemdb/step": 4}
@@ -17,14 +15,7 @@ meta = {"io.idemdb/task": "task-5", "io.idemdb/step": 4}
 
 async def attempt():
     """One session's call of step 4: the JSON-RPC error it gets."""
-    async with stdio_client(params) as (r, w), ClientSession(r, w) as s:
-        await s.initialize()
-        try:
-            result = await s.call_tool("create_and_die", {"title": "page on-call"},
-                                       read_timeout_seconds=10.0, meta=meta)
-        except MCPError as e:
-            return e.error
-        raise AssertionError(f"step 4 was answered: {result}")
+    return await refusal(params, "create_and_die", {"title": "page on-call"}, meta)
 
 
 async def main():
