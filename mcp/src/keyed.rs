@@ -14,6 +14,16 @@ use idemdb::agent::{Gateway, Outcome, ToolCallKey};
 use idemdb::Failure;
 use serde_json::{json, Value};
 
+/// How the gateway keys the calls of one client.
+pub(crate) struct Keying {
+    pub(crate) gateway: Gateway,
+    /// The tenant every call acts for.
+    pub(crate) tenant: String,
+    /// Strict mode: a call of a tool that is not read-only must be keyed, and a retry with
+    /// other arguments is refused (the gateway's `ArgumentPolicy::Strict`) instead of replayed.
+    pub(crate) strict: bool,
+}
+
 /// The `_meta` keys the gateway reads and writes.
 pub(crate) const TASK: &str = "io.idemdb/task";
 pub(crate) const STEP: &str = "io.idemdb/step";
@@ -68,23 +78,26 @@ pub(crate) enum Upstream {
 /// the key in its `_meta`) and waits for what comes back. Returns the JSON-RPC response for
 /// the client's request `id`.
 pub(crate) fn call(
-    gateway: &Gateway,
-    tenant: &str,
+    keying: &Keying,
     key: &ToolCallKey,
     id: &Value,
     params: &Value,
     forward: impl FnOnce(&str) -> Upstream,
 ) -> Value {
     let arguments = params["arguments"].to_string();
-    let outcome = gateway.call(tenant, key, arguments.as_bytes(), |_attempt| match forward(
-        key.as_str(),
-    ) {
-        Upstream::Answered(response) => match response.get("error") {
-            Some(error) => Err(Failure::Transient(error.to_string().into_bytes())),
-            None => Ok(response["result"].to_string().into_bytes()),
-        },
-        Upstream::Lost => Err(Failure::Ambiguous(Vec::new())),
-    });
+    let outcome =
+        keying.gateway.call(
+            &keying.tenant,
+            key,
+            arguments.as_bytes(),
+            |_attempt| match forward(key.as_str()) {
+                Upstream::Answered(response) => match response.get("error") {
+                    Some(error) => Err(Failure::Transient(error.to_string().into_bytes())),
+                    None => Ok(response["result"].to_string().into_bytes()),
+                },
+                Upstream::Lost => Err(Failure::Ambiguous(Vec::new())),
+            },
+        );
     match outcome {
         Ok(Outcome::Executed { result, .. }) => result_reply(id, &result, key, None),
         Ok(Outcome::Replayed {

@@ -20,7 +20,8 @@ use std::process::ExitCode;
 /// is told the step is in progress.
 const WAIT_FOR_IN_FLIGHT: std::time::Duration = std::time::Duration::from_secs(30);
 
-const USAGE: &str = "usage: idemdb-mcp serve --store STORE [--tenant TENANT] [--wait SECONDS] \
+const USAGE: &str =
+    "usage: idemdb-mcp serve --store STORE [--tenant TENANT] [--wait SECONDS] [--strict] \
                      -- COMMAND [ARG...]";
 
 fn main() -> ExitCode {
@@ -54,10 +55,20 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let gateway = idemdb::agent::Gateway::builder(store)
-        .wait_for_in_flight(serve.wait)
-        .build();
-    let status = runtime.block_on(stdio::serve(&serve.command, Some((gateway, serve.tenant))));
+    let policy = if serve.strict {
+        idemdb::agent::ArgumentPolicy::Strict
+    } else {
+        idemdb::agent::ArgumentPolicy::ReplayFirst
+    };
+    let keying = keyed::Keying {
+        gateway: idemdb::agent::Gateway::builder(store)
+            .wait_for_in_flight(serve.wait)
+            .argument_policy(policy)
+            .build(),
+        tenant: serve.tenant,
+        strict: serve.strict,
+    };
+    let status = runtime.block_on(stdio::serve(&serve.command, Some(keying)));
     match status {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
@@ -74,6 +85,8 @@ struct Serve {
     tenant: String,
     /// How long a duplicate of a keyed call in flight waits for its result.
     wait: std::time::Duration,
+    /// `--strict`: see [`keyed::Keying::strict`].
+    strict: bool,
     command: Vec<String>,
 }
 
@@ -87,6 +100,7 @@ fn parse(args: &[String]) -> Result<Serve, String> {
         return Err("the only command is `serve`".into());
     }
     let (mut store, mut tenant, mut wait) = (None, String::from("default"), WAIT_FOR_IN_FLIGHT);
+    let mut strict = false;
     while let Some(arg) = ours.next() {
         let mut value = || {
             ours.next()
@@ -96,6 +110,7 @@ fn parse(args: &[String]) -> Result<Serve, String> {
         match arg.as_str() {
             "--store" => store = Some(value()?),
             "--tenant" => tenant = value()?,
+            "--strict" => strict = true,
             "--wait" => {
                 let seconds = value()?;
                 wait = seconds
@@ -116,6 +131,7 @@ fn parse(args: &[String]) -> Result<Serve, String> {
         store,
         tenant,
         wait,
+        strict,
         command,
     })
 }
@@ -132,12 +148,13 @@ mod tests {
     fn serve_takes_a_store_a_tenant_and_the_upstream_command() {
         assert_eq!(
             parse(&args(
-                "serve --store s.idem --tenant acme --wait 1.5 -- python server.py --flag"
+                "serve --store s.idem --tenant acme --wait 1.5 --strict -- python server.py --flag"
             )),
             Ok(Serve {
                 store: "s.idem".into(),
                 tenant: "acme".into(),
                 wait: std::time::Duration::from_millis(1500),
+                strict: true,
                 command: args("python server.py --flag"),
             })
         );

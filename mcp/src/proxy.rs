@@ -8,9 +8,9 @@
 //! Nothing else is changed: a method the gateway does not know, a field it does not know, a
 //! progress token (the client's own, carried in the request's `_meta`) go through as they are.
 
-use crate::keyed::{self, Upstream};
+use crate::keyed::{self, Keying, Upstream};
 use crate::message::{self, Kind};
-use idemdb::agent::{Gateway, ToolCallKey};
+use idemdb::agent::ToolCallKey;
 use serde_json::Value;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -25,9 +25,8 @@ pub(crate) struct Proxy {
     upstream: UnboundedSender<Value>,
     downstream: UnboundedSender<Value>,
     maps: Mutex<Maps>,
-    /// The gateway keyed calls go through, and the tenant they act for (`None`: a plain
-    /// proxy).
-    keyed: Option<(Gateway, String)>,
+    /// How calls are keyed (`None`: a plain proxy).
+    keyed: Option<Keying>,
 }
 
 #[derive(Default)]
@@ -61,7 +60,7 @@ impl Proxy {
     pub(crate) fn new(
         upstream: UnboundedSender<Value>,
         downstream: UnboundedSender<Value>,
-        keyed: Option<(Gateway, String)>,
+        keyed: Option<Keying>,
     ) -> Proxy {
         Proxy {
             upstream,
@@ -87,6 +86,14 @@ impl Proxy {
             {
                 match keyed::key_of(&message["params"]) {
                     Ok(Some(key)) => self.keyed_call(id, key, message),
+                    Ok(None) if self.keyed.as_ref().is_some_and(|k| k.strict) => {
+                        let _ = self.downstream.send(message::error(
+                            &id,
+                            keyed::INVALID_PARAMS,
+                            "strict mode: this tool's calls must be keyed by the harness \
+                             (_meta io.idemdb/task and io.idemdb/step)",
+                        ));
+                    }
                     Ok(None) => self.forward_request(id, message),
                     Err(why) => {
                         let _ =
@@ -151,11 +158,11 @@ impl Proxy {
     fn keyed_call(self: &Arc<Self>, id: Value, key: ToolCallKey, message: Value) {
         let proxy = Arc::clone(self);
         tokio::task::spawn_blocking(move || {
-            let Some((gateway, tenant)) = &proxy.keyed else {
+            let Some(keying) = &proxy.keyed else {
                 return;
             };
             let params = message["params"].clone();
-            let reply = keyed::call(gateway, tenant, &key, &id, &params, |key| {
+            let reply = keyed::call(keying, &key, &id, &params, |key| {
                 let (tx, rx) = oneshot::channel();
                 let ours = {
                     let mut maps = proxy.maps();
@@ -327,7 +334,11 @@ mod tests {
         let proxy = Arc::new(Proxy::new(
             up_tx,
             down_tx,
-            Some((Gateway::new(store), "t".into())),
+            Some(Keying {
+                gateway: idemdb::agent::Gateway::new(store),
+                tenant: "t".into(),
+                strict: false,
+            }),
         ));
         proxy.client_sent(json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}));
         let ours = up.try_recv().unwrap()["id"].clone();
@@ -344,6 +355,53 @@ mod tests {
             sent["params"]["_meta"].get("io.idemdb/key").is_none(),
             "{sent}"
         );
+    }
+
+    /// Strict mode: a call of a keyed tool without a key is refused, and a retry of a step with
+    /// other arguments is refused; neither reaches the upstream.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn strict_mode_refuses_unkeyed_calls_and_changed_arguments() {
+        let (up_tx, mut up) = mpsc::unbounded_channel();
+        let (down_tx, mut down) = mpsc::unbounded_channel();
+        let proxy = Arc::new(Proxy::new(
+            up_tx,
+            down_tx,
+            Some(Keying {
+                gateway: idemdb::agent::Gateway::builder(idemdb::Store::in_memory().unwrap())
+                    .argument_policy(idemdb::agent::ArgumentPolicy::Strict)
+                    .build(),
+                tenant: "t".into(),
+                strict: true,
+            }),
+        ));
+        let call = |id: u64, amount: u64, meta: Value| {
+            json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+                "params": {"name": "pay", "arguments": {"amount": amount}, "_meta": meta}})
+        };
+        let meta = json!({"io.idemdb/task": "t", "io.idemdb/step": 1});
+
+        proxy.client_sent(call(1, 5, json!({})));
+        let refused = down.recv().await.unwrap();
+        assert_eq!(refused["error"]["code"], keyed::INVALID_PARAMS, "{refused}");
+
+        proxy.client_sent(call(2, 5, meta.clone()));
+        let forwarded = up.recv().await.unwrap();
+        assert_eq!(forwarded["params"]["_meta"]["io.idemdb/key"], "tc1:t:1:pay");
+        proxy.server_sent(json!({"jsonrpc": "2.0", "id": forwarded["id"],
+            "result": {"content": [{"type": "text", "text": "paid"}]}}));
+        let answered = down.recv().await.unwrap();
+        assert_eq!(answered["id"], 2);
+        assert_eq!(answered["result"]["content"][0]["text"], "paid");
+
+        proxy.client_sent(call(3, 6, meta));
+        let mismatch = down.recv().await.unwrap();
+        assert_eq!(mismatch["id"], 3);
+        assert_eq!(
+            mismatch["error"]["code"],
+            keyed::INVALID_PARAMS,
+            "{mismatch}"
+        );
+        assert!(up.try_recv().is_err(), "nothing else reached the upstream");
     }
 
     #[test]

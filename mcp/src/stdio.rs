@@ -15,7 +15,7 @@ use tokio::sync::mpsc;
 /// in flight is answered with an error). Returns the exit code to end with.
 pub(crate) async fn serve(
     command: &[String],
-    keyed: Option<(idemdb::agent::Gateway, String)>,
+    keyed: Option<crate::keyed::Keying>,
 ) -> std::io::Result<u8> {
     let (program, args) = command
         .split_first()
