@@ -1,10 +1,11 @@
-//! The gateway from outside, driven by the official Python SDK: as a plain proxy
-//! (`tests/passthrough.py`: server-everything seen directly and through `idemdb-mcp serve` must
-//! look the same), and as an agent's tool gateway (`tests/agent_loop.py`: timeouts, reworded
-//! retries, concurrent duplicates and a resumed agent against a tool server with a ledger; every
-//! side effect once; `tests/upstream_dies.py`: a tool server that dies mid-call leaves the step's
-//! outcome unknown, and the step is never run again; `tests/gateway_killed.py`: the same when the
-//! gateway itself is SIGKILLed mid-call and started again on its store).
+//! The gateway from outside, driven by the official Python SDK (and the TypeScript SDK's
+//! client): as a plain proxy (`tests/passthrough.py`: server-everything seen directly and
+//! through `idemdb-mcp serve` must look the same), and as an agent's tool gateway in front of a
+//! tool server with a ledger (`tests/agent_loop.py`: timeouts, reworded retries, concurrent
+//! duplicates and a resumed agent, every side effect once; `tests/upstream_dies.py` and
+//! `tests/gateway_killed.py`: a tool server or the gateway dying mid-call leaves the step's
+//! outcome unknown, and the step is never run again; `tests/ts_client.cjs`: a reworded retry
+//! from the TypeScript SDK's client replayed).
 //!
 //! Needs the SDKs `scripts/mcp-sdks` installs: `eval "$(scripts/mcp-sdks)"` sets
 //! `IDEMDB_MCP_PYTHON` and `IDEMDB_MCP_NODE_MODULES` (`.ci/run` does).
@@ -20,23 +21,28 @@ fn sdk(var: &str) -> String {
     })
 }
 
-/// Runs `script` with the SDK's Python, the gateway's binary, `arg` and a fresh directory;
-/// returns what it printed, having checked it succeeded.
+const GATEWAY: &str = env!("CARGO_BIN_EXE_idemdb-mcp");
+
+/// Runs `script` with the SDK's Python, the gateway's binary, `arg` and a fresh directory.
 fn python(name: &str, script: &str, arg: &str) -> String {
+    run(name, &sdk("IDEMDB_MCP_PYTHON"), script, &[GATEWAY, arg])
+}
+
+/// Runs `program` on `script` with `args` and a fresh directory after them; returns what it
+/// printed, having checked it succeeded.
+fn run(name: &str, program: &str, script: &str, args: &[&str]) -> String {
     let dir = std::env::temp_dir().join(format!("idemdb-mcp-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("a temporary directory");
-    let out = Command::new(sdk("IDEMDB_MCP_PYTHON"))
-        .arg(
-            Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("tests")
-                .join(script),
-        )
-        .arg(env!("CARGO_BIN_EXE_idemdb-mcp"))
-        .arg(arg)
+    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests")
+        .join(script);
+    let out = Command::new(program)
+        .arg(script)
+        .args(args)
         .arg(&dir)
         .output()
-        .expect("run the Python SDK's client");
+        .expect("run the SDK's client");
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success(),
@@ -50,21 +56,16 @@ fn python(name: &str, script: &str, arg: &str) -> String {
 
 #[test]
 fn server_everything_looks_the_same_through_the_gateway() {
-    let out = python(
-        "passthrough",
-        "passthrough.py",
-        &sdk("IDEMDB_MCP_NODE_MODULES"),
-    );
+    let modules = sdk("IDEMDB_MCP_NODE_MODULES");
+    let out = python("passthrough", "passthrough.py", &modules);
     assert!(out.contains("13 tools identical"), "{out}");
 }
 
 #[test]
 fn an_agent_that_times_out_rewords_retries_and_resumes_has_each_side_effect_once() {
     let out = python("agent", "agent_loop.py", &sdk("IDEMDB_MCP_PYTHON"));
-    assert!(
-        out.contains("3 side effects in the ledger (0 duplicates)"),
-        "{out}"
-    );
+    let once = "3 side effects in the ledger (0 duplicates)";
+    assert!(out.contains(once), "{out}");
 }
 
 #[test]
@@ -76,5 +77,12 @@ fn an_upstream_that_dies_mid_call_leaves_the_outcome_unknown_and_is_never_run_ag
 #[test]
 fn a_gateway_killed_mid_call_and_restarted_never_runs_the_step_again() {
     let out = python("killed", "gateway_killed.py", &sdk("IDEMDB_MCP_PYTHON"));
+    assert!(out.contains("1 side effect in the ledger"), "{out}");
+}
+
+#[test]
+fn the_typescript_sdks_client_gets_a_reworded_retry_replayed() {
+    let (modules, python) = (sdk("IDEMDB_MCP_NODE_MODULES"), sdk("IDEMDB_MCP_PYTHON"));
+    let out = run("ts", "node", "ts_client.cjs", &[&modules, GATEWAY, &python]);
     assert!(out.contains("1 side effect in the ledger"), "{out}");
 }
