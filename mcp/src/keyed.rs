@@ -2,7 +2,8 @@
 //!
 //! A call whose `params._meta` carries `io.idemdb/task` and `io.idemdb/step` (a string, or a
 //! step number as a number or its decimal string) is keyed by (task, step, tool) under the
-//! gateway's tenant; nothing is read from `arguments`. The claim is durable before the call is
+//! gateway's tenant, and one that carries a ready `io.idemdb/key` by that key; nothing is read
+//! from `arguments`. The claim is durable before the call is
 //! forwarded, with `_meta["io.idemdb/key"]` added so the tool can pass the key on. The
 //! upstream's result (an `isError` result too: that is the tool's outcome) is stored and
 //! replayed to every retry, reworded or not, with `io.idemdb/replayed` and
@@ -42,6 +43,19 @@ pub(crate) const STORE_FAILED: i64 = -32003;
 pub(crate) fn key_of(params: &Value) -> Result<Option<ToolCallKey>, String> {
     let meta = &params["_meta"];
     let (task, step) = (&meta[TASK], &meta[STEP]);
+    let tool = params["name"].as_str();
+    if let Some(given) = meta.get(KEY).filter(|k| !k.is_null()) {
+        if !(task.is_null() && step.is_null()) {
+            return Err(format!("give _meta.{KEY}, or {TASK} and {STEP}, not both"));
+        }
+        let given = given
+            .as_str()
+            .ok_or_else(|| format!("_meta.{KEY} must be a string"))?;
+        let tool = tool.ok_or("a tools/call without a tool name")?;
+        return ToolCallKey::given(given, tool)
+            .map(Some)
+            .map_err(|e| format!("_meta.{KEY}: {e}"));
+    }
     if task.is_null() && step.is_null() {
         return Ok(None);
     }
@@ -60,9 +74,7 @@ pub(crate) fn key_of(params: &Value) -> Result<Option<ToolCallKey>, String> {
         _ => None,
     }
     .ok_or_else(|| format!("_meta.{STEP} must be a non-negative integer, or its decimal string"))?;
-    let tool = params["name"]
-        .as_str()
-        .ok_or("a tools/call without a tool name")?;
+    let tool = tool.ok_or("a tools/call without a tool name")?;
     Ok(Some(ToolCallKey::new(&task, step, tool)))
 }
 
@@ -192,6 +204,14 @@ mod tests {
             "tc1:42:0:create_incident"
         );
         assert_eq!(key_of(&params(json!({"progressToken": 1}))).unwrap(), None);
+        // A key the harness minted, used as it is.
+        let given = key_of(&params(json!({KEY: "run-1/call-9"})))
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (given.as_str(), given.tool()),
+            ("run-1/call-9", "create_incident")
+        );
         assert_eq!(key_of(&json!({"name": "x"})).unwrap(), None);
         for bad in [
             json!({TASK: "t"}),
@@ -199,6 +219,10 @@ mod tests {
             json!({TASK: "", STEP: 1}),
             json!({TASK: "t", STEP: -1}),
             json!({TASK: "t", STEP: "three"}),
+            json!({KEY: "k", TASK: "t", STEP: 1}),
+            json!({KEY: 7}),
+            json!({KEY: "two words"}),
+            json!({KEY: "tc1:t:1:create_incident"}),
         ] {
             assert!(key_of(&params(bad.clone())).is_err(), "{bad}");
         }

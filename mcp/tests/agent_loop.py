@@ -63,6 +63,14 @@ async def main():
         assert "io.idemdb/replayed" not in third.meta, third.meta
         answered[3] = text(third)
 
+        # Step 4 under a key the harness minted itself, used as it is.
+        given = {"io.idemdb/key": "harness-run-9/call-4"}
+        fourth = await s.call_tool("create_incident", {"title": "Queue backlog"},
+                                   read_timeout_seconds=10.0, meta=given)
+        again = await s.call_tool("create_incident", {"title": "Queue backed up"},
+                                  read_timeout_seconds=10.0, meta=given)
+        assert text(again) == text(fourth) and again.meta["io.idemdb/replayed"] is True
+
     # The agent resumes in a new session (a new gateway process on the same store) and replays
     # its steps: each answers as it did, and nothing runs again.
     async with stdio_client(params) as (r, w), ClientSession(r, w) as s:
@@ -75,9 +83,10 @@ async def main():
         lines = text(await s.call_tool("ledger", {}, read_timeout_seconds=10.0)).splitlines()
 
     keys = [line.split("\t")[1] for line in lines]
-    assert len(lines) == 3, lines
-    assert sorted(keys) == [f"tc1:task-9:{n}:create_incident" for n in (1, 2, 3)], keys
-    print(f"agent loop: 3 steps, {len(lines)} side effects in the ledger (0 duplicates), "
+    assert len(lines) == 4, lines
+    derived = [f"tc1:task-9:{n}:create_incident" for n in (1, 2, 3)]
+    assert sorted(keys) == sorted(derived + ["harness-run-9/call-4"]), keys
+    print(f"agent loop: 4 steps, {len(lines)} side effects in the ledger (0 duplicates), "
           f"every step replayed its own result")
 
 

@@ -64,7 +64,7 @@ fn server_everything_looks_the_same_through_the_gateway() {
 #[test]
 fn an_agent_that_times_out_rewords_retries_and_resumes_has_each_side_effect_once() {
     let out = python("agent", "agent_loop.py", &sdk("IDEMDB_MCP_PYTHON"));
-    let once = "3 side effects in the ledger (0 duplicates)";
+    let once = "4 side effects in the ledger (0 duplicates)";
     assert!(out.contains(once), "{out}");
 }
 

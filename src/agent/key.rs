@@ -46,6 +46,36 @@ impl ToolCallKey {
         ToolCallKey::render(task, step, tool, Some(call_id))
     }
 
+    /// A key the harness minted itself for the call to `tool` (say, a tool-call id it keeps
+    /// across retries), used as it is: the tool sees this very key. It must be a valid
+    /// idempotency key ([`crate::validate_key`]) and not begin with `tc1:` or `tc1h:`, which the
+    /// derived keys use, so that it can never stand for a derived key's call.
+    ///
+    /// ```
+    /// use idemdb::agent::ToolCallKey;
+    /// let key = ToolCallKey::given("run-42/call-7", "create_incident")?;
+    /// assert_eq!((key.as_str(), key.tool()), ("run-42/call-7", "create_incident"));
+    /// assert!(ToolCallKey::given("tc1:t:1:x", "x").is_err());
+    /// assert!(ToolCallKey::given("two words", "x").is_err());
+    /// # Ok::<(), idemdb::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidKey`]: empty, too long, a byte outside visible ASCII, or a derived
+    /// key's prefix ([`crate::InputProblem::Reserved`]).
+    pub fn given(key: &str, tool: &str) -> crate::Result<ToolCallKey> {
+        crate::validate_key(key)?;
+        if let Some(prefix) = ["tc1:", "tc1h:"].into_iter().find(|p| key.starts_with(p)) {
+            return Err(crate::Error::InvalidKey {
+                reason: crate::InputProblem::Reserved { prefix },
+            });
+        }
+        Ok(ToolCallKey {
+            rendered: key.to_owned(),
+            tool: tool.to_owned(),
+        })
+    }
+
     fn render(task: &str, step: u64, tool: &str, call_id: Option<&str>) -> ToolCallKey {
         let mut text = String::from("tc1:");
         escape(task, &mut text);
