@@ -105,11 +105,15 @@ fn typed<'a, S: Sql + ?Sized>(
     params: &'a [&'a (dyn ToSql + Sync)],
 ) -> Vec<(&'a (dyn ToSql + Sync), Type)> {
     let probe = || params.iter().map(|p| type_of(*p)).collect::<Vec<_>>();
-    let types = match statement.known_types() {
-        Some(known) => known.get_or_init(probe).clone(),
-        None => probe(),
-    };
-    params.iter().copied().zip(types).collect()
+    match statement.known_types() {
+        // A hot statement's types, probed once: no vector of them per execution.
+        Some(known) => params
+            .iter()
+            .copied()
+            .zip(known.get_or_init(probe).iter().cloned())
+            .collect(),
+        None => params.iter().copied().zip(probe()).collect(),
+    }
 }
 
 /// Runs `statement` for its rows: prepared if it is, else unnamed.
