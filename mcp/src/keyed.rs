@@ -11,15 +11,16 @@
 //! key. An upstream that ends mid-call leaves the outcome unknown: the claim stays in progress
 //! (the store never takes it over by itself), and retries are told so until it is resolved.
 
+use crate::report::Counted;
 use idemdb::agent::{Gateway, Outcome, ToolCallKey};
 use idemdb::Failure;
 use serde_json::{json, Value};
 
-/// How the gateway keys the calls of one client.
+/// How the gateway keys calls: one for the whole gateway, shared by its sessions.
 pub(crate) struct Keying {
     pub(crate) gateway: Gateway,
-    /// The tenant every call acts for.
-    pub(crate) tenant: String,
+    /// Which tools are keyed, and which upstreams honour the key.
+    pub(crate) rules: crate::rules::ToolRules,
     /// Strict mode: a call of a tool that is not read-only must be keyed, and a retry with
     /// other arguments is refused (the gateway's `ArgumentPolicy::Strict`) instead of replayed.
     pub(crate) strict: bool,
@@ -86,20 +87,22 @@ pub(crate) enum Upstream {
     Lost,
 }
 
-/// Runs a keyed call (blocking: on a blocking thread). `forward` sends the call upstream (with
-/// the key in its `_meta`) and waits for what comes back. Returns the JSON-RPC response for
-/// the client's request `id`.
+/// Runs a keyed call of `tenant`'s (blocking: on a blocking thread). `forward` sends the call
+/// upstream (with the key in its `_meta`) and waits for what comes back. Returns the JSON-RPC
+/// response for the client's request `id`, and what became of the call.
 pub(crate) fn call(
     keying: &Keying,
+    tenant: &str,
     key: &ToolCallKey,
     id: &Value,
     params: &Value,
     forward: impl FnOnce(&str) -> Upstream,
-) -> Value {
+) -> (Value, Counted) {
     let arguments = params["arguments"].to_string();
-    let outcome =
-        keying.gateway.call(
-            &keying.tenant,
+    let outcome = keying
+        .gateway
+        .call(
+            tenant,
             key,
             arguments.as_bytes(),
             |_attempt| match forward(key.as_str()) {
@@ -111,46 +114,69 @@ pub(crate) fn call(
             },
         );
     match outcome {
-        Ok(Outcome::Executed { result, .. }) => result_reply(id, &result, key, None),
+        Ok(Outcome::Executed { result, .. }) => {
+            (result_reply(id, &result, key, None), Counted::Executed)
+        }
         Ok(Outcome::Replayed {
             result,
             arguments_changed,
-        }) => result_reply(id, &result, key, Some(arguments_changed)),
-        Ok(Outcome::InProgress { retry_after }) => error_reply(
-            id,
-            IN_PROGRESS,
-            "this step is in progress in another call, or its outcome is unknown (an upstream \
+        }) => (
+            result_reply(id, &result, key, Some(arguments_changed)),
+            Counted::Replayed,
+        ),
+        Ok(Outcome::InProgress { retry_after }) => (
+            error_reply(
+                id,
+                IN_PROGRESS,
+                "this step is in progress in another call, or its outcome is unknown (an upstream \
              ended mid-call: `idemdb list --state orphan` shows it, `idemdb resolve` settles it)",
-            json!({"key": key.as_str(), "retryAfterMs": retry_after.as_millis() as u64}),
+                json!({"key": key.as_str(), "retryAfterMs": retry_after.as_millis() as u64}),
+            ),
+            Counted::InProgress,
         ),
         Ok(Outcome::Released { error }) => {
             let error: Value = serde_json::from_slice(&error).unwrap_or(Value::Null);
-            json!({"jsonrpc": "2.0", "id": id, "error": error})
+            (
+                json!({"jsonrpc": "2.0", "id": id, "error": error}),
+                Counted::Released,
+            )
         }
-        Ok(Outcome::Unresolved { .. }) => error_reply(
-            id,
-            UNKNOWN_OUTCOME,
-            "the upstream ended while this step ran: whether its side effect happened is \
+        Ok(Outcome::Unresolved { .. }) => (
+            error_reply(
+                id,
+                UNKNOWN_OUTCOME,
+                "the upstream ended while this step ran: whether its side effect happened is \
              unknown, so it is not run again; `idemdb resolve` settles it",
-            json!({"key": key.as_str()}),
+                json!({"key": key.as_str()}),
+            ),
+            Counted::Unknown,
         ),
-        Ok(Outcome::Mismatch { .. }) => error_reply(
-            id,
-            INVALID_PARAMS,
-            "this step's key was used with other arguments",
-            json!({"key": key.as_str()}),
+        Ok(Outcome::Mismatch { .. }) => (
+            error_reply(
+                id,
+                INVALID_PARAMS,
+                "this step's key was used with other arguments",
+                json!({"key": key.as_str()}),
+            ),
+            Counted::Refused,
         ),
-        Ok(_) => error_reply(
-            id,
-            STORE_FAILED,
-            "an outcome this gateway does not know",
-            json!({}),
+        Ok(_) => (
+            error_reply(
+                id,
+                STORE_FAILED,
+                "an outcome this gateway does not know",
+                json!({}),
+            ),
+            Counted::Failed,
         ),
-        Err(e) => error_reply(
-            id,
-            STORE_FAILED,
-            &format!("the gateway's store failed: {e}"),
-            json!({"key": key.as_str()}),
+        Err(e) => (
+            error_reply(
+                id,
+                STORE_FAILED,
+                &format!("the gateway's store failed: {e}"),
+                json!({"key": key.as_str()}),
+            ),
+            Counted::Failed,
         ),
     }
 }

@@ -10,12 +10,15 @@
 
 use crate::keyed::{self, Keying, Upstream};
 use crate::message::{self, Kind};
+use crate::report::{self, Counted};
 use idemdb::agent::ToolCallKey;
 use serde_json::Value;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc::UnboundedSender;
 use tokio::sync::oneshot;
+use tokio::sync::Notify;
 
 /// The JSON-RPC code for an error of the gateway's own (the server-error range).
 pub(crate) const UPSTREAM_GONE: i64 = -32000;
@@ -26,7 +29,13 @@ pub(crate) struct Proxy {
     downstream: UnboundedSender<Value>,
     maps: Mutex<Maps>,
     /// How calls are keyed (`None`: a plain proxy).
-    keyed: Option<Keying>,
+    keyed: Option<Arc<Keying>>,
+    /// Whom this client's keyed calls act for.
+    tenant: String,
+    /// Keyed calls started and not yet answered to the client.
+    keyed_in_flight: AtomicUsize,
+    /// Told each time a keyed call is answered.
+    keyed_settled: Notify,
 }
 
 #[derive(Default)]
@@ -45,8 +54,8 @@ struct Maps {
     /// Gateway ids of the client's `tools/list` requests in flight: their answers say which
     /// tools are read-only.
     tool_lists: std::collections::HashSet<u64>,
-    /// The tools the upstream marks `readOnlyHint: true`: never keyed.
-    read_only: std::collections::HashSet<String>,
+    /// The tools the upstream marks `readOnlyHint: true`.
+    hinted_read_only: std::collections::HashSet<String>,
 }
 
 impl Maps {
@@ -60,14 +69,28 @@ impl Proxy {
     pub(crate) fn new(
         upstream: UnboundedSender<Value>,
         downstream: UnboundedSender<Value>,
-        keyed: Option<Keying>,
+        keyed: Option<Arc<Keying>>,
+        tenant: String,
     ) -> Proxy {
         Proxy {
             upstream,
             downstream,
             maps: Mutex::new(Maps::default()),
             keyed,
+            tenant,
+            keyed_in_flight: AtomicUsize::new(0),
+            keyed_settled: Notify::new(),
         }
+    }
+
+    /// How many keyed calls are started and not yet answered.
+    pub(crate) fn keyed_in_flight(&self) -> usize {
+        self.keyed_in_flight.load(Ordering::Acquire)
+    }
+
+    /// Returns once a keyed call was answered since the last time it returned.
+    pub(crate) async fn keyed_settled(&self) {
+        self.keyed_settled.notified().await;
     }
 
     fn maps(&self) -> std::sync::MutexGuard<'_, Maps> {
@@ -79,14 +102,16 @@ impl Proxy {
     /// A message from the client.
     pub(crate) fn client_sent(self: &Arc<Self>, mut message: Value) {
         match message::kind(&message) {
-            Kind::Request { id, method }
-                if method == "tools/call"
-                    && self.keyed.is_some()
-                    && !self.read_only(&message["params"]["name"]) =>
-            {
+            Kind::Request { id, method } if method == "tools/call" && self.keyed.is_some() => {
+                let tool = message["params"]["name"].as_str().unwrap_or("").to_owned();
+                if self.read_only(&tool) {
+                    report::count(Counted::ReadOnly, &self.tenant, &tool, None);
+                    return self.forward_request(id, message);
+                }
                 match keyed::key_of(&message["params"]) {
                     Ok(Some(key)) => self.keyed_call(id, key, message),
                     Ok(None) if self.keyed.as_ref().is_some_and(|k| k.strict) => {
+                        report::count(Counted::Refused, &self.tenant, &tool, None);
                         let _ = self.downstream.send(message::error(
                             &id,
                             keyed::INVALID_PARAMS,
@@ -94,8 +119,12 @@ impl Proxy {
                              (_meta io.idemdb/task and io.idemdb/step)",
                         ));
                     }
-                    Ok(None) => self.forward_request(id, message),
+                    Ok(None) => {
+                        report::count(Counted::Unkeyed, &self.tenant, &tool, None);
+                        self.forward_request(id, message)
+                    }
                     Err(why) => {
+                        report::count(Counted::Refused, &self.tenant, &tool, None);
                         let _ =
                             self.downstream
                                 .send(message::error(&id, keyed::INVALID_PARAMS, &why));
@@ -128,11 +157,13 @@ impl Proxy {
         }
     }
 
-    /// Whether the upstream marks the tool `name` read-only (then a call of it is not keyed:
-    /// it has no side effect to do once).
-    fn read_only(&self, name: &Value) -> bool {
-        name.as_str()
-            .is_some_and(|name| self.maps().read_only.contains(name))
+    /// Whether a call of `tool` is left unkeyed (it has no side effect to do once): by the
+    /// gateway's rules, and what the upstream's `tools/list` said of it.
+    fn read_only(&self, tool: &str) -> bool {
+        let hinted = self.maps().hinted_read_only.contains(tool);
+        self.keyed
+            .as_ref()
+            .is_some_and(|k| k.rules.read_only(tool, hinted))
     }
 
     /// A request of the client's, forwarded under an id of the gateway's.
@@ -156,13 +187,15 @@ impl Proxy {
     /// of it is not forwarded (its id is not in `client_ids`): a call already forwarded runs
     /// to its end, and its result is stored for the retry.
     fn keyed_call(self: &Arc<Self>, id: Value, key: ToolCallKey, message: Value) {
+        let Some(keying) = self.keyed.clone() else {
+            return;
+        };
         let proxy = Arc::clone(self);
+        self.keyed_in_flight.fetch_add(1, Ordering::AcqRel);
         tokio::task::spawn_blocking(move || {
-            let Some(keying) = &proxy.keyed else {
-                return;
-            };
             let params = message["params"].clone();
-            let reply = keyed::call(keying, &key, &id, &params, |key| {
+            let started = std::time::Instant::now();
+            let (reply, counted) = keyed::call(&keying, &proxy.tenant, &key, &id, &params, |key| {
                 let (tx, rx) = oneshot::channel();
                 let ours = {
                     let mut maps = proxy.maps();
@@ -185,7 +218,11 @@ impl Proxy {
                     Err(_) => Upstream::Lost,
                 }
             });
+            let waited = (counted != Counted::Executed).then(|| started.elapsed());
+            report::count(counted, &proxy.tenant, key.tool(), waited);
             let _ = proxy.downstream.send(reply);
+            proxy.keyed_in_flight.fetch_sub(1, Ordering::AcqRel);
+            proxy.keyed_settled.notify_one();
         });
     }
 
@@ -247,9 +284,9 @@ impl Proxy {
                 continue;
             };
             if tool["annotations"]["readOnlyHint"] == Value::Bool(true) {
-                maps.read_only.insert(name.to_owned());
+                maps.hinted_read_only.insert(name.to_owned());
             } else {
-                maps.read_only.remove(name);
+                maps.hinted_read_only.remove(name);
             }
         }
     }
@@ -286,7 +323,7 @@ mod tests {
     fn ids_are_renumbered_both_ways_and_cancellations_follow() {
         let (up_tx, mut up) = mpsc::unbounded_channel();
         let (down_tx, mut down) = mpsc::unbounded_channel();
-        let proxy = Arc::new(Proxy::new(up_tx, down_tx, None));
+        let proxy = Arc::new(Proxy::new(up_tx, down_tx, None, "t".into()));
 
         proxy.client_sent(
             json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "x"}}),
@@ -334,11 +371,12 @@ mod tests {
         let proxy = Arc::new(Proxy::new(
             up_tx,
             down_tx,
-            Some(Keying {
+            Some(Arc::new(Keying {
                 gateway: idemdb::agent::Gateway::new(store),
-                tenant: "t".into(),
+                rules: Default::default(),
                 strict: false,
-            }),
+            })),
+            "t".into(),
         ));
         proxy.client_sent(json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}));
         let ours = up.try_recv().unwrap()["id"].clone();
@@ -366,13 +404,14 @@ mod tests {
         let proxy = Arc::new(Proxy::new(
             up_tx,
             down_tx,
-            Some(Keying {
+            Some(Arc::new(Keying {
                 gateway: idemdb::agent::Gateway::builder(idemdb::Store::in_memory().unwrap())
                     .argument_policy(idemdb::agent::ArgumentPolicy::Strict)
                     .build(),
-                tenant: "t".into(),
+                rules: Default::default(),
                 strict: true,
-            }),
+            })),
+            "t".into(),
         ));
         let call = |id: u64, amount: u64, meta: Value| {
             json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
@@ -408,7 +447,7 @@ mod tests {
     fn a_server_that_ends_fails_the_requests_in_flight() {
         let (up_tx, _up) = mpsc::unbounded_channel();
         let (down_tx, mut down) = mpsc::unbounded_channel();
-        let proxy = Arc::new(Proxy::new(up_tx, down_tx, None));
+        let proxy = Arc::new(Proxy::new(up_tx, down_tx, None, "t".into()));
         proxy.client_sent(json!({"jsonrpc": "2.0", "id": "a", "method": "tools/list"}));
         proxy.server_gone("exit status 1");
         let answer = down.try_recv().unwrap();
