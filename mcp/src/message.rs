@@ -47,6 +47,25 @@ pub(crate) fn error(id: &Value, code: i64, message: &str) -> Value {
     serde_json::json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}})
 }
 
+/// The JSON-RPC code of a request whose upstream ended (or could not be reached) before it
+/// answered.
+pub(crate) const UPSTREAM_GONE: i64 = -32000;
+/// The member of an error's `data` that says the request may have reached its upstream before
+/// it was lost: a keyed call answered so has an unknown outcome, not a failure to release.
+const LOST: &str = "io.idemdb/lost";
+
+/// The error for a request that was sent to an upstream which then ended without answering:
+/// whether it acted is unknown.
+pub(crate) fn lost(id: &Value, why: &str) -> Value {
+    serde_json::json!({"jsonrpc": "2.0", "id": id, "error": {
+        "code": UPSTREAM_GONE, "message": why, "data": {LOST: true}}})
+}
+
+/// Whether `response` is [`lost`]'s.
+pub(crate) fn is_lost(response: &Value) -> bool {
+    response["error"]["data"][LOST] == Value::Bool(true)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -81,5 +100,18 @@ mod tests {
         ] {
             assert_eq!(kind(&message), expected, "{message}");
         }
+    }
+
+    #[test]
+    fn a_lost_request_is_told_from_an_upstreams_own_error() {
+        assert!(is_lost(&lost(&json!(3), "the upstream ended")));
+        assert!(!is_lost(&error(
+            &json!(3),
+            UPSTREAM_GONE,
+            "the upstream ended"
+        )));
+        assert!(!is_lost(
+            &json!({"jsonrpc": "2.0", "id": 3, "error": {"code": -32000, "data": "lost"}})
+        ));
     }
 }

@@ -20,8 +20,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use tokio::sync::oneshot;
 use tokio::sync::Notify;
 
-/// The JSON-RPC code for an error of the gateway's own (the server-error range).
-pub(crate) const UPSTREAM_GONE: i64 = -32000;
+use crate::message::UPSTREAM_GONE;
 
 /// One client, one server, and the requests in flight between them.
 pub(crate) struct Proxy {
@@ -214,6 +213,7 @@ impl Proxy {
                     return Upstream::Lost;
                 }
                 match rx.blocking_recv() {
+                    Ok(response) if message::is_lost(&response) => Upstream::Lost,
                     Ok(response) => Upstream::Answered(response),
                     Err(_) => Upstream::Lost,
                 }
