@@ -5,9 +5,11 @@
 //! messages, whatever its transport), `stdio` (the client on stdio), `upstream` (the servers
 //! behind the gateway), `session` (a client joined to an upstream), `proxy` (the routing and
 //! renumbering between them), `keyed` (a `tools/call` run once per key through the library's
-//! agent gateway), `rules` (which tools are keyed), `report` (counts of outcomes).
+//! agent gateway), `rules` (which tools are keyed), `report` (counts of outcomes), `config`
+//! (several upstreams, in a host's `mcpServers` JSON).
 
 mod args;
+mod config;
 mod keyed;
 mod link;
 mod message;
@@ -41,6 +43,10 @@ fn main() -> ExitCode {
 }
 
 fn run(serve: Serve) -> Result<u8, String> {
+    let config = match &serve.upstream {
+        Upstreams::Config(path) => Some(config::load(path)?),
+        Upstreams::Command(_) => None,
+    };
     let store = open_store(&serve)?;
     let policy = if serve.strict {
         idemdb::agent::ArgumentPolicy::Strict
@@ -52,7 +58,10 @@ fn run(serve: Serve) -> Result<u8, String> {
             .wait_for_in_flight(serve.wait)
             .argument_policy(policy)
             .build(),
-        rules: rules::ToolRules::default(),
+        rules: config
+            .as_ref()
+            .map(config::Config::rules)
+            .unwrap_or_default(),
         strict: serve.strict,
     });
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -65,8 +74,11 @@ fn run(serve: Serve) -> Result<u8, String> {
     if serve.http.is_some() {
         return Err("--listen is not offered yet".into());
     }
+    if let Some(config) = config {
+        return runtime.block_on(serve_config(config, keying, serve.tenant.clone()));
+    }
     let Upstreams::Command(command) = &serve.upstream else {
-        return Err("--config is not offered yet".into());
+        return Err("no upstream given".into());
     };
     runtime.block_on(async {
         let upstream = upstream::child::start(command, &[]).map_err(|e| e.to_string())?;
@@ -82,6 +94,34 @@ fn run(serve: Serve) -> Result<u8, String> {
             session::Ended::Upstream(ending) => Ok(ending.code),
         }
     })
+}
+
+/// Serves the client on stdio in front of the config's upstreams, joined by the hub. Once the
+/// session is over, the hub is given its while to let the upstreams end (an HTTP upstream's
+/// session is deleted).
+async fn serve_config(
+    config: config::Config,
+    keying: Arc<keyed::Keying>,
+    tenant: String,
+) -> Result<u8, String> {
+    let mut links = Vec::new();
+    for upstream in config.upstreams {
+        let link = match &upstream.transport {
+            config::Transport::Command { command, env } => {
+                upstream::child::start(command, env).map_err(|e| e.to_string())
+            }
+            config::Transport::Http { url } => upstream::http::connect(url),
+        }
+        .map_err(|e| format!("the upstream {}: {e}", upstream.name))?;
+        links.push((upstream.name, link));
+    }
+    let (hub, done) = upstream::hub::start(links);
+    let ended = session::run(stdio::client(), hub, Some(keying), tenant).await;
+    let _ = done.await;
+    match ended {
+        session::Ended::Client => Ok(0),
+        session::Ended::Upstream(ending) => Ok(ending.code),
+    }
 }
 
 /// The store `--store` names: a file, or a PostgreSQL database (feature `postgres`). A claim
