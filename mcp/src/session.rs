@@ -48,6 +48,11 @@ pub(crate) async fn run(
                         .await
                         .unwrap_or_else(|_| Ending::new("the upstream ended", 1));
                     proxy.server_gone(&ending.why);
+                    // Keyed calls in flight are told their outcome is unknown once their
+                    // claims are marked so: let those answers reach the client first.
+                    while proxy.keyed_in_flight() > 0 {
+                        proxy.keyed_settled().await;
+                    }
                     return Ended::Upstream(ending);
                 }
             },

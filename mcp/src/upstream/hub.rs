@@ -264,8 +264,9 @@ impl Hub {
                 let Some(upstream) = self.calls.get(&ours).map(|c| c.upstream) else {
                     return;
                 };
-                message["params"]["requestId"] = Value::from(ours);
-                self.send(upstream, message);
+                if set_request_id(&mut message, ours) {
+                    self.send(upstream, message);
+                }
             }
             Kind::Notification { .. } => {
                 for index in 0..self.upstreams.len() {
@@ -299,6 +300,20 @@ impl Hub {
                 METHOD_NOT_FOUND,
                 "tasks are not offered by this gateway",
             );
+        }
+        let routed_by_params = matches!(
+            method,
+            "tools/call"
+                | "prompts/get"
+                | "completion/complete"
+                | "resources/read"
+                | "resources/subscribe"
+                | "resources/unsubscribe"
+        );
+        // Routing renames within params: they must be an object (a peer's odd message must
+        // not reach an index that panics).
+        if routed_by_params && !message["params"].is_object() {
+            return self.error(&id, INVALID_PARAMS, "params must be an object");
         }
         if let Some(list) = List::of(method) {
             if list.member().is_some() && !message["params"]["cursor"].is_null() {
@@ -439,7 +454,7 @@ impl Hub {
             let mut part = message.clone();
             if list.member().is_some() {
                 // Each upstream pages on its own; the client's params (a `_meta`) go along.
-                if let Some(params) = part["params"].as_object_mut() {
+                if let Some(params) = part.get_mut("params").and_then(Value::as_object_mut) {
                     params.remove("cursor");
                 }
             }
@@ -501,8 +516,9 @@ impl Hub {
                     return;
                 };
                 self.asks.remove(&ours);
-                message["params"]["requestId"] = Value::from(ours);
-                self.answer(message);
+                if set_request_id(&mut message, ours) {
+                    self.answer(message);
+                }
             }
             // Progress (the client's own tokens), logging, list_changed, resource updates.
             Kind::Notification { .. } => self.answer(message),
@@ -698,6 +714,20 @@ impl Hub {
         }
         self.asks.retain(|_, (upstream, _)| *upstream != index);
         self.ask_ids.retain(|(upstream, _), _| *upstream != index);
+    }
+}
+
+/// Renames the request a cancellation is of; `false` if its params are not an object.
+fn set_request_id(cancellation: &mut Value, id: u64) -> bool {
+    match cancellation
+        .get_mut("params")
+        .and_then(Value::as_object_mut)
+    {
+        Some(params) => {
+            params.insert("requestId".into(), Value::from(id));
+            true
+        }
+        None => false,
     }
 }
 
@@ -899,6 +929,37 @@ mod tests {
         fakes[1].end();
         assert!(link.incoming.recv().await.is_none());
         assert_eq!(link.ended.await.unwrap().code, 9);
+    }
+
+    /// Found with the Python SDK's server: a `tools/list` without params reached the upstreams
+    /// with `"params": null`, which that server never answered, so the merged list never came.
+    /// And odd params from a peer are refused, never indexed into.
+    #[tokio::test]
+    async fn requests_keep_their_params_as_they_came_and_odd_ones_are_refused() {
+        let (mut link, mut fakes) = hub(&["a"]);
+        link.outgoing
+            .send(json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}))
+            .unwrap();
+        let asked = fakes[0].next().await;
+        assert!(asked.get("params").is_none(), "{asked}");
+        for (id, method) in [
+            (2, "tools/call"),
+            (3, "resources/read"),
+            (4, "completion/complete"),
+        ] {
+            link.outgoing.send(request(id, method, json!(5))).unwrap();
+            let refused = link.incoming.recv().await.unwrap();
+            assert_eq!(refused["error"]["code"], INVALID_PARAMS, "{refused}");
+        }
+        fakes[0].say(json!({"jsonrpc": "2.0", "id": null, "method": "roots/list"}));
+        let ask = link.incoming.recv().await.unwrap();
+        fakes[0].say(json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": 5}));
+        link.outgoing
+            .send(json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": [1]}))
+            .unwrap();
+        fakes[0].say(json!({"jsonrpc": "2.0", "id": asked["id"], "result": {"tools": []}}));
+        let list = link.incoming.recv().await.unwrap();
+        assert_eq!(list["result"], json!({"tools": []}), "{list} (after {ask})");
     }
 
     #[test]
