@@ -23,6 +23,18 @@ fn sdk(var: &str) -> String {
 
 const GATEWAY: &str = env!("CARGO_BIN_EXE_idemdb-mcp");
 
+/// The operator's `idemdb` command, built beside the gateway (by the workspace's own tests, or
+/// `cargo build --release -p idemdb-cli`): the scripts list and resolve unknown steps with it.
+fn cli() -> std::path::PathBuf {
+    let cli = Path::new(GATEWAY).with_file_name("idemdb");
+    assert!(
+        cli.exists(),
+        "{} is missing: run `cargo build --release -p idemdb-cli` first",
+        cli.display()
+    );
+    cli
+}
+
 /// Runs `script` with the SDK's Python, the gateway's binary, `arg` and a fresh directory.
 fn python(name: &str, script: &str, arg: &str) -> String {
     run(name, &sdk("IDEMDB_MCP_PYTHON"), script, &[GATEWAY, arg])
@@ -38,6 +50,7 @@ fn run(name: &str, program: &str, script: &str, args: &[&str]) -> String {
         .join("tests")
         .join(script);
     let out = Command::new(program)
+        .env("IDEMDB_CLI", cli())
         .arg(script)
         .args(args)
         .arg(&dir)
