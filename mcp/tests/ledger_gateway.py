@@ -12,6 +12,8 @@ from mcp.shared.exceptions import MCPError
 gateway, python, store_dir = sys.argv[1:4]
 store_dir = os.path.abspath(store_dir)
 ledger_path = os.path.join(store_dir, "ledger.txt")
+# The gateway's store: a file in the test's directory, or the database IDEMDB_MCP_STORE names.
+store = os.environ.get("IDEMDB_MCP_STORE") or os.path.join(store_dir, "gateway.idem")
 _here = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -21,7 +23,7 @@ def params(*options):
     return StdioServerParameters(
         command=gateway,
         args=[
-            "serve", "--store", os.path.join(store_dir, "gateway.idem"), "--tenant", "agent-1",
+            "serve", "--store", store, "--tenant", "agent-1",
             *options, "--", python, os.path.join(_here, "ledger_server.py"), ledger_path,
         ],
     )
@@ -44,7 +46,6 @@ def resolve_unknown(result_text):
     """What an operator does for a step whose outcome is unknown: lists the orphans of the
     gateway's store (there must be one), finds out (here: the ledger says the side effect
     happened) and completes the step with the tool result the retry should get."""
-    store = os.path.join(store_dir, "gateway.idem")
     orphans = idemdb("list", store, "--state", "orphan")
     assert len(orphans) == 1, orphans
     orphan = orphans[0]
