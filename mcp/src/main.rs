@@ -2,7 +2,8 @@
 //! effectively-once with keys the harness gives (issue 29).
 //!
 //! The parts, each a file: `args` (the command line), `link` (a conversation in JSON-RPC
-//! messages, whatever its transport), `stdio` (the client on stdio), `upstream` (the servers
+//! messages, whatever its transport), `stdio` (the client on stdio), `http` (clients on
+//! Streamable HTTP, `--listen`), `upstream` (the servers
 //! behind the gateway), `session` (a client joined to an upstream), `proxy` (the routing and
 //! renumbering between them), `keyed` (a `tools/call` run once per key through the library's
 //! agent gateway), `rules` (which tools are keyed), `report` (counts of outcomes), `config`
@@ -10,6 +11,7 @@
 
 mod args;
 mod config;
+mod http;
 mod keyed;
 mod link;
 mod message;
@@ -71,25 +73,37 @@ fn run(serve: Serve) -> Result<u8, String> {
     if serve.metrics.is_some() {
         return Err("--metrics is not offered yet".into());
     }
-    if serve.http.is_some() {
-        return Err("--listen is not offered yet".into());
-    }
     if let Some(config) = config {
-        return runtime.block_on(serve_config(config, keying, serve.tenant.clone()));
+        let config = Arc::new(config);
+        if let Some(settings) = &serve.http {
+            // Each HTTP session gets upstreams of its own, joined by a hub of its own.
+            let start: http::StartUpstream = Arc::new(move || {
+                let (hub, _done) = start_hub(&config).map_err(std::io::Error::other)?;
+                Ok(hub)
+            });
+            return runtime
+                .block_on(http::serve(settings, keying, start))
+                .map(|()| 0);
+        }
+        return runtime.block_on(serve_config(&config, keying, serve.tenant.clone()));
     }
     let Upstreams::Command(command) = &serve.upstream else {
         return Err("no upstream given".into());
     };
+    if let Some(settings) = &serve.http {
+        let command = command.clone();
+        let start: http::StartUpstream = Arc::new(move || upstream::child::start(&command, &[]));
+        return runtime
+            .block_on(http::serve(settings, keying, start))
+            .map(|()| 0);
+    }
     runtime.block_on(async {
         let upstream = upstream::child::start(command, &[]).map_err(|e| e.to_string())?;
-        match session::run(
-            stdio::client(),
-            upstream,
-            Some(keying),
-            serve.tenant.clone(),
-        )
-        .await
-        {
+        let (client, written) = stdio::client();
+        let ended = session::run(client, upstream, Some(keying), serve.tenant.clone()).await;
+        // The last answers reach the client before the process ends.
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(5), written).await;
+        match ended {
             session::Ended::Client => Ok(0),
             session::Ended::Upstream(ending) => Ok(ending.code),
         }
@@ -97,15 +111,28 @@ fn run(serve: Serve) -> Result<u8, String> {
 }
 
 /// Serves the client on stdio in front of the config's upstreams, joined by the hub. Once the
-/// session is over, the hub is given its while to let the upstreams end (an HTTP upstream's
-/// session is deleted).
+/// session is over, the last answers are written and the hub is given its while to let the
+/// upstreams end (an HTTP upstream's session is deleted).
 async fn serve_config(
-    config: config::Config,
+    config: &config::Config,
     keying: Arc<keyed::Keying>,
     tenant: String,
 ) -> Result<u8, String> {
+    let (hub, done) = start_hub(config)?;
+    let (client, written) = stdio::client();
+    let ended = session::run(client, hub, Some(keying), tenant).await;
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(5), written).await;
+    let _ = done.await;
+    match ended {
+        session::Ended::Client => Ok(0),
+        session::Ended::Upstream(ending) => Ok(ending.code),
+    }
+}
+
+/// Starts the config's upstreams (children, HTTP links) and joins them in a hub.
+fn start_hub(config: &config::Config) -> Result<(link::Link, tokio::task::JoinHandle<()>), String> {
     let mut links = Vec::new();
-    for upstream in config.upstreams {
+    for upstream in &config.upstreams {
         let link = match &upstream.transport {
             config::Transport::Command { command, env } => {
                 upstream::child::start(command, env).map_err(|e| e.to_string())
@@ -113,15 +140,9 @@ async fn serve_config(
             config::Transport::Http { url } => upstream::http::connect(url),
         }
         .map_err(|e| format!("the upstream {}: {e}", upstream.name))?;
-        links.push((upstream.name, link));
+        links.push((upstream.name.clone(), link));
     }
-    let (hub, done) = upstream::hub::start(links);
-    let ended = session::run(stdio::client(), hub, Some(keying), tenant).await;
-    let _ = done.await;
-    match ended {
-        session::Ended::Client => Ok(0),
-        session::Ended::Upstream(ending) => Ok(ending.code),
-    }
+    Ok(upstream::hub::start(links))
 }
 
 /// The store `--store` names: a file, or a PostgreSQL database (feature `postgres`). A claim

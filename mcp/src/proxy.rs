@@ -17,7 +17,6 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc::UnboundedSender;
-use tokio::sync::oneshot;
 use tokio::sync::Notify;
 
 use crate::message::UPSTREAM_GONE;
@@ -49,7 +48,7 @@ struct Maps {
     /// The server's id (as JSON text) → the gateway's id toward the client.
     server_ids: HashMap<String, u64>,
     /// Gateway id toward the server → the keyed call waiting for that answer.
-    keyed: HashMap<u64, oneshot::Sender<Value>>,
+    keyed: HashMap<u64, std::sync::mpsc::Sender<Value>>,
     /// Gateway ids of the client's `tools/list` requests in flight: their answers say which
     /// tools are read-only.
     tool_lists: std::collections::HashSet<u64>,
@@ -132,7 +131,9 @@ impl Proxy {
             }
             Kind::Request { id, .. } => self.forward_request(id, message),
             Kind::Notification { method } if method == "notifications/cancelled" => {
-                let theirs = message["params"]["requestId"].to_string();
+                let Some(theirs) = message::cancelled_request(&message) else {
+                    return; // Malformed: there is nothing it could cancel.
+                };
                 let Some(ours) = self.maps().client_ids.get(&theirs).copied() else {
                     return; // Already answered, or never sent: nothing to cancel.
                 };
@@ -194,30 +195,32 @@ impl Proxy {
         tokio::task::spawn_blocking(move || {
             let params = message["params"].clone();
             let started = std::time::Instant::now();
-            let (reply, counted) = keyed::call(&keying, &proxy.tenant, &key, &id, &params, |key| {
-                let (tx, rx) = oneshot::channel();
+            let forward = |key: &str, attempt: &idemdb::Attempt| {
+                let (tx, rx) = std::sync::mpsc::channel();
                 let ours = {
                     let mut maps = proxy.maps();
                     let ours = maps.next_id();
                     maps.keyed.insert(ours, tx);
                     ours
                 };
-                let mut forwarded = message;
+                let mut forwarded = message.clone();
                 forwarded["id"] = Value::from(ours);
                 if !forwarded["params"]["_meta"].is_object() {
                     forwarded["params"]["_meta"] = serde_json::json!({});
                 }
                 forwarded["params"]["_meta"][keyed::KEY] = Value::from(key);
                 if proxy.upstream.send(forwarded).is_err() {
+                    // The upstream's link is closed: the call never reached it.
                     proxy.maps().keyed.remove(&ours);
-                    return Upstream::Lost;
+                    return Upstream::Answered(message::error(
+                        &Value::from(ours),
+                        UPSTREAM_GONE,
+                        "the upstream server has ended",
+                    ));
                 }
-                match rx.blocking_recv() {
-                    Ok(response) if message::is_lost(&response) => Upstream::Lost,
-                    Ok(response) => Upstream::Answered(response),
-                    Err(_) => Upstream::Lost,
-                }
-            });
+                keyed::await_answer(&rx, attempt, keying.renew_every())
+            };
+            let (reply, counted) = keyed::call(&keying, &proxy.tenant, &key, &id, &params, forward);
             let waited = (counted != Counted::Executed).then(|| started.elapsed());
             report::count(counted, &proxy.tenant, key.tool(), waited);
             let _ = proxy.downstream.send(reply);
@@ -260,7 +263,9 @@ impl Proxy {
                 let _ = self.downstream.send(message);
             }
             Kind::Notification { method } if method == "notifications/cancelled" => {
-                let theirs = message["params"]["requestId"].to_string();
+                let Some(theirs) = message::cancelled_request(&message) else {
+                    return;
+                };
                 let Some(ours) = self.maps().server_ids.get(&theirs).copied() else {
                     return;
                 };
@@ -441,6 +446,55 @@ mod tests {
             "{mismatch}"
         );
         assert!(up.try_recv().is_err(), "nothing else reached the upstream");
+    }
+
+    /// Odd messages from either side, in any order, never panic the proxy. A cancellation
+    /// whose `params` was a string, sent while a request with id `null` was in flight, panicked
+    /// it (the renamed id was written into the string).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn hostile_messages_never_panic_the_proxy() {
+        let (up_tx, _up) = mpsc::unbounded_channel();
+        let (down_tx, _down) = mpsc::unbounded_channel();
+        let proxy = Arc::new(Proxy::new(
+            up_tx,
+            down_tx,
+            Some(Arc::new(Keying {
+                gateway: idemdb::agent::Gateway::new(idemdb::Store::in_memory().unwrap()),
+                rules: Default::default(),
+                strict: false,
+            })),
+            "t".into(),
+        ));
+        let hostile = [
+            json!({"jsonrpc": "2.0", "id": null, "method": "tools/list"}),
+            json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": "x"}),
+            json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": [1]}),
+            json!({"jsonrpc": "2.0", "method": "notifications/cancelled"}),
+            json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": {"a": 1}}}),
+            json!({"jsonrpc": "2.0", "id": {"a": 1}, "method": "tools/call", "params": "x"}),
+            json!({"jsonrpc": "2.0", "id": [1], "method": "tools/call", "params": {"name": 7}}),
+            json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "x", "_meta": "m"}}),
+            json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"_meta": {"io.idemdb/task": "t", "io.idemdb/step": 1}}}),
+            json!({"jsonrpc": "2.0", "id": 4, "method": "tools/call", "params": {"name": "x", "_meta": {"io.idemdb/task": [], "io.idemdb/step": {}}}}),
+            json!({"jsonrpc": "2.0", "id": 1, "result": "not an object"}),
+            json!({"jsonrpc": "2.0", "id": "nobody", "error": 5}),
+            json!({"jsonrpc": "2.0", "id": 1, "result": {"tools": "no"}}),
+            json!({"jsonrpc": "2.0", "id": 1, "result": {"tools": [1, {"name": 2}, {"annotations": 3}]}}),
+            json!({"jsonrpc": "2.0", "id": null, "method": "roots/list", "params": 1}),
+            json!([1, 2, 3]),
+            json!("text"),
+            json!(null),
+            json!({}),
+        ];
+        for message in &hostile {
+            proxy.client_sent(message.clone());
+            proxy.server_sent(message.clone());
+        }
+        for message in hostile.iter().rev() {
+            proxy.server_sent(message.clone());
+            proxy.client_sent(message.clone());
+        }
+        proxy.server_gone("the test ended");
     }
 
     #[test]
