@@ -43,11 +43,17 @@ def free_port():
         return s.getsockname()[1]
 
 
+web_log_path = os.path.join(store_dir, "ledger-http.log")
+
+
 def start_http_ledger(port):
+    """The HTTP ledger server; its access log (uvicorn's) shows the gateway's HTTP requests."""
+    log = open(web_log_path, "w")
     server = subprocess.Popen(
         [python, os.path.join(here, "ledger_http_server.py"), web_ledger_path, str(port)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        stdout=log, stderr=log,
     )
+    log.close()
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:
@@ -219,6 +225,24 @@ async def several_upstreams(config):
     return len(tools), len(progress)
 
 
+async def http_upstream_gone(config, web):
+    """The HTTP upstream's server goes away mid-session: its calls are refused with -32000
+    (they never reached it), and the other upstreams keep working."""
+    async with stdio_client(gateway_params(config)) as (r, w), ClientSession(r, w) as s:
+        await s.initialize()
+        await s.list_tools()
+        before = len(lines(web_ledger_path))
+        web.terminate()
+        web.wait(timeout=10)
+        refused_first = await refused(s, "web__create_incident", {"title": "gone"}, ("t-web", 1))
+        assert refused_first.code == -32000 and "reached" in refused_first.message, refused_first
+        refused_next = await refused(s, "web__create_incident", {"title": "gone"}, ("t-web", 2))
+        assert refused_next.code == -32000 and "ended" in refused_next.message, refused_next
+        still = await call(s, "ledger__create_incident", {"title": "still on stdio"}, ("t-web", 3))
+        assert not still.is_error
+        assert len(lines(web_ledger_path)) == before
+
+
 async def retried_charge(config, pay_dir, task):
     """A charge lost when the payment server died, then retried in a new gateway process:
     what each got, and the payment server's attempts and charges."""
@@ -248,12 +272,18 @@ async def hub():
             "pay": pay_server(os.path.join(store_dir, "pay-on"), True),
         })
         tools, progress = await several_upstreams(config)
+        # The gateway opened the server's GET stream, and deleted its session when it ended.
+        log = open(web_log_path).read()
+        assert '"GET /mcp HTTP/1.1" 200' in log, log
+        assert '"DELETE /mcp HTTP/1.1" 200' in log, log
+        await http_upstream_gone(config, web)
     finally:
-        web.terminate()
+        web.kill()
         web.wait(timeout=10)
     print(f"config gateway: 4 upstreams, {tools} tools prefixed and otherwise unchanged, "
           f"{progress} progress notifications; one step on two upstreams: 2 side effects; "
-          f"an upstream that ended: -32000, the others kept working")
+          f"an upstream that ended: -32000, the others kept working; the HTTP upstream's GET "
+          f"stream opened, its session deleted, its server gone: -32000")
 
     # honoursKey off: the retry is refused, never forwarded.
     off_dir = os.path.join(store_dir, "pay-off")

@@ -155,8 +155,18 @@ async fn run(endpoint: Arc<Endpoint>, peer: Peer) {
             }
         }
     }
-    // Requests still in flight are given up: whoever sent them hears that the upstream ended.
+    // Requests still in flight are given up: whoever sent them hears that the upstream ended
+    // (and may have acted). Those never POSTed surely did not reach it: they are told so.
     requests.abort_all();
+    outgoing.close();
+    while let Ok(message) = outgoing.try_recv() {
+        if let Kind::Request { id, .. } = message::kind(&message) {
+            let why = format!("the upstream at {} has ended", exchange.endpoint.url);
+            let _ = exchange
+                .to_gateway
+                .send(message::error(&id, UPSTREAM_GONE, &why));
+        }
+    }
     if let Some(listener) = listener {
         listener.abort();
     }
@@ -517,6 +527,27 @@ mod tests {
         assert_eq!((e.host.as_str(), e.port), ("::1", 80));
         assert!(Endpoint::parse("https://h/mcp").is_err());
         assert!(Endpoint::parse("nonsense").is_err());
+    }
+
+    /// A server that reads the request and hangs up without answering: the request may have
+    /// acted, so it is lost (a keyed call's outcome unknown), never a plain error.
+    #[tokio::test]
+    async fn a_request_whose_server_hangs_up_is_lost() {
+        use tokio::io::AsyncReadExt;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut buf = [0u8; 4096];
+            let _ = socket.read(&mut buf).await;
+        });
+        let mut link = connect(&format!("http://127.0.0.1:{port}/mcp")).unwrap();
+        link.outgoing
+            .send(serde_json::json!({"jsonrpc": "2.0", "id": 7, "method": "initialize", "params": {}}))
+            .unwrap();
+        let answer = link.incoming.recv().await.unwrap();
+        assert_eq!(answer["id"], 7);
+        assert!(message::is_lost(&answer), "{answer}");
     }
 
     /// A server that refuses connections: a request surely never reached it, so it is answered
