@@ -41,6 +41,8 @@ fn main() -> ExitCode {
 }
 
 fn run(serve: Serve) -> Result<u8, String> {
+    // Before the store opens: it registers its metrics with the recorder installed then.
+    let reporting = report::start(serve.metrics)?;
     let store = open_store(&serve)?;
     let policy = if serve.strict {
         idemdb::agent::ArgumentPolicy::Strict
@@ -59,9 +61,6 @@ fn run(serve: Serve) -> Result<u8, String> {
         .enable_all()
         .build()
         .map_err(|e| e.to_string())?;
-    if serve.metrics.is_some() {
-        return Err("--metrics is not offered yet".into());
-    }
     if serve.http.is_some() {
         return Err("--listen is not offered yet".into());
     }
@@ -69,6 +68,7 @@ fn run(serve: Serve) -> Result<u8, String> {
         return Err("--config is not offered yet".into());
     };
     runtime.block_on(async {
+        reporting.serve()?;
         let upstream = upstream::child::start(command, &[]).map_err(|e| e.to_string())?;
         match session::run(
             stdio::client(),
