@@ -5,7 +5,8 @@
 //! duplicates and a resumed agent, every side effect once; `tests/upstream_dies.py` and
 //! `tests/gateway_killed.py`: a tool server or the gateway dying mid-call leaves the step's
 //! outcome unknown, and the step is never run again; `tests/ts_client.cjs`: a reworded retry
-//! from the TypeScript SDK's client replayed).
+//! from the TypeScript SDK's client replayed; `tests/counted.py`, with features `metrics` and
+//! `tracing`: every outcome of a tools/call counted exactly in `/metrics` and on stderr).
 //!
 //! Needs the SDKs `scripts/mcp-sdks` installs: `eval "$(scripts/mcp-sdks)"` sets
 //! `IDEMDB_MCP_PYTHON` and `IDEMDB_MCP_NODE_MODULES` (`.ci/run` does).
@@ -85,4 +86,27 @@ fn the_typescript_sdks_client_gets_a_reworded_retry_replayed() {
     let (modules, python) = (sdk("IDEMDB_MCP_NODE_MODULES"), sdk("IDEMDB_MCP_PYTHON"));
     let out = run("ts", "node", "ts_client.cjs", &[&modules, GATEWAY, &python]);
     assert!(out.contains("1 side effect in the ledger"), "{out}");
+}
+
+#[cfg(all(feature = "metrics", feature = "tracing"))]
+#[test]
+fn every_outcome_of_a_tool_call_is_counted_in_the_metrics_and_the_events() {
+    let out = python("counted", "counted.py", &sdk("IDEMDB_MCP_PYTHON"));
+    assert!(out.contains("every outcome counted exactly"), "{out}");
+}
+
+#[cfg(not(feature = "metrics"))]
+#[test]
+fn metrics_asked_of_a_gateway_built_without_them_is_refused_naming_the_feature() {
+    let store = std::env::temp_dir().join(format!("idemdb-mcp-nometrics-{}", std::process::id()));
+    let out = Command::new(GATEWAY)
+        .args(["serve", "--store"])
+        .arg(&store)
+        .args(["--metrics", "127.0.0.1:0", "--", "true"])
+        .output()
+        .expect("run the gateway");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("--features metrics"), "{stderr}");
+    assert!(!store.exists(), "refused before the store opened");
 }

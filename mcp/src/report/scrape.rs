@@ -4,7 +4,7 @@
 //! `Connection: close`, which every scraper accepts), so the whole protocol it needs is a
 //! request line. Anything else gets a plain HTTP error: a head over 8 KiB 431, a line that is not
 //! HTTP/1.x 400, another path 404, another method 405. A peer that sends nothing is dropped
-//! after 10 s, and at most 32 connections are served at once (more are closed at once), so a
+//! after 10 s (its answer written and its connection closed within that), and at most 32 connections are served at once (more are closed at once), so a
 //! flood of connections holds a bounded amount of memory.
 
 use metrics_exporter_prometheus::PrometheusHandle;
@@ -16,6 +16,8 @@ use tokio::net::{TcpListener, TcpStream};
 
 /// The largest request head read.
 const MAX_HEAD: usize = 8 * 1024;
+/// The most read and dropped after an HTTP error, before closing.
+const MAX_DRAIN: usize = 64 * 1024;
 /// How long a connection may take to send its request head.
 const READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// Connections served at once.
@@ -92,6 +94,7 @@ async fn answer(mut stream: TcpStream, handle: &PrometheusHandle) {
             Ok(n) => head.extend_from_slice(&buffer[..n]),
         }
     };
+    let refused = request.is_err();
     let response = match request {
         Ok(Scrape { head_only }) => {
             let body = handle.render();
@@ -117,6 +120,18 @@ async fn answer(mut stream: TcpStream, handle: &PrometheusHandle) {
     };
     let _ = stream.write_all(response.as_bytes()).await;
     let _ = stream.shutdown().await;
+    if refused {
+        // What the peer sent past the head (an oversize head, a body) is read and dropped
+        // until it closes: closing with unread input would reset the connection, and the peer
+        // could lose the answer. Bounded by the caller's timeout, and in size here.
+        let mut left = MAX_DRAIN;
+        while let Ok(n @ 1..) = stream.read(&mut buffer).await {
+            left = left.saturating_sub(n);
+            if left == 0 {
+                break;
+            }
+        }
+    }
 }
 
 /// Where a request head ends (its blank line), if it has.
