@@ -55,6 +55,8 @@ pub struct Store {
     observer: Observer,
     /// The largest response a completion may store ([`crate::StoreBuilder::max_response_bytes`]).
     max_response_bytes: usize,
+    /// What becomes of a claim whose lease ran out ([`crate::StoreBuilder::stale_policy`]).
+    stale_policy: crate::StalePolicy,
 }
 
 impl Store {
@@ -63,6 +65,7 @@ impl Store {
             engine,
             observer: config.observer.clone(),
             max_response_bytes: config.max_response_bytes,
+            stale_policy: config.stale_policy,
         }
     }
 
@@ -226,6 +229,20 @@ impl Store {
     /// usually renews its claim by with [`Store::extend`].
     pub fn lease_duration(&self) -> Duration {
         dispatch!(&self.engine, e => e.lease_duration())
+    }
+
+    /// What becomes of a claim whose lease ran out ([`crate::StoreBuilder::stale_policy`]):
+    /// taken over by the next claim, or kept for a reap or an operator.
+    ///
+    /// ```
+    /// use idemdb::{StalePolicy, Store};
+    /// assert_eq!(Store::in_memory()?.stale_policy(), StalePolicy::TakeOver);
+    /// let keeps = Store::builder().stale_policy(StalePolicy::Keep).in_memory()?;
+    /// assert_eq!(keeps.stale_policy(), StalePolicy::Keep);
+    /// # Ok::<(), idemdb::Error>(())
+    /// ```
+    pub fn stale_policy(&self) -> crate::StalePolicy {
+        self.stale_policy
     }
 
     /// The counters since the store was opened, and what the engine knows without asking the

@@ -511,3 +511,93 @@ on_every_engine! {
         );
     }
 }
+
+on_every_engine! {
+    /// Under `StalePolicy::Keep` a call lost mid-way is never run again by the store: a retry
+    /// is told at once that the earlier attempt was lost (`Orphaned`), without sitting out the
+    /// duplicate wait for a holder that will never come back, before its lease ends and after
+    /// it. (It waited the whole `wait_for_in_flight` and answered `InProgress` before.)
+    fn a_call_abandoned_in_a_store_that_keeps_it_is_answered_orphaned_at_once(b: Backend) {
+        let clock = ManualClock::new();
+        let store = b.open(
+            Store::builder()
+                .clock(clock.clone())
+                .lease(Duration::from_secs(60))
+                .stale_policy(idemdb::StalePolicy::Keep),
+        );
+        let gw = Gateway::builder(store)
+            .wait_for_in_flight(Duration::from_secs(30))
+            .build();
+        let key = ToolCallKey::new("task-11", 1, "create_incident");
+        let out = gw
+            .call("agent", &key, b"{}", |_| Err(Failure::Ambiguous(Vec::new())))
+            .unwrap();
+        assert!(matches!(out, Outcome::Unresolved { .. }), "{out:?}");
+        for advance in [0, 61] {
+            clock.advance(Duration::from_secs(advance));
+            let started = std::time::Instant::now();
+            let retry = gw
+                .call("agent", &key, b"{}", |_| panic!("must not run"))
+                .unwrap();
+            assert_eq!(retry, Outcome::Orphaned, "{advance} s after");
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "answered without waiting for the in-flight bound"
+            );
+        }
+        // A holder that is merely slow is not an orphan: its duplicate waits, then hears
+        // it is in progress.
+        let slow = ToolCallKey::new("task-11", 2, "create_incident");
+        let gw_now = Gateway::new(gw.store().clone());
+        let out = gw_now
+            .call("agent", &slow, b"{}", |_| {
+                let dup = gw_now
+                    .call("agent", &slow, b"{}", |_| panic!("must not run"))
+                    .unwrap();
+                assert!(matches!(dup, Outcome::InProgress { .. }), "{dup:?}");
+                Ok(b"done".to_vec())
+            })
+            .unwrap();
+        assert_eq!(out, ok("done"));
+    }
+}
+
+on_every_engine! {
+    /// A tool that deduplicates by the key may be asked again after its call was lost:
+    /// `release_lost` frees a lost claim (and only a lost one), and the next call runs.
+    fn release_lost_frees_only_a_lost_call(b: Backend) {
+        let store = b.open(Store::builder().stale_policy(idemdb::StalePolicy::Keep));
+        let gw = Gateway::new(store);
+        let key = ToolCallKey::new("task-12", 1, "charge");
+        assert!(!gw.release_lost("agent", &key).unwrap(), "no record");
+        let out = gw
+            .call("agent", &key, b"{}", |attempt| {
+                assert!(
+                    !gw.release_lost("agent", &key).unwrap(),
+                    "a live holder's claim is not lost"
+                );
+                let _ = attempt;
+                Err(Failure::Ambiguous(Vec::new()))
+            })
+            .unwrap();
+        assert!(matches!(out, Outcome::Unresolved { .. }), "{out:?}");
+        assert!(gw.release_lost("agent", &key).unwrap());
+        let runs = AtomicU32::new(0);
+        let again = gw
+            .call("agent", &key, b"{}", |_| {
+                runs.fetch_add(1, Ordering::SeqCst);
+                Ok(b"ch_1".to_vec())
+            })
+            .unwrap();
+        assert_eq!(again, ok("ch_1"));
+        assert!(!gw.release_lost("agent", &key).unwrap(), "a completion is not lost");
+        assert_eq!(
+            gw.call("agent", &key, b"{}", |_| panic!("must not run")).unwrap(),
+            Outcome::Replayed {
+                result: Ok(b"ch_1".to_vec()),
+                arguments_changed: false
+            }
+        );
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
+    }
+}

@@ -529,6 +529,7 @@ enum Expect {
     InProgress {
         retry_after: Duration,
         lease_remaining: Duration,
+        orphan: bool,
     },
     Mismatch {
         completed: bool,
@@ -576,6 +577,7 @@ impl Model {
                     Expect::InProgress {
                         retry_after: Duration::from_millis(RETRY_AFTER_MS),
                         lease_remaining: Duration::ZERO,
+                        orphan: false,
                     }
                 }
                 MState::Completed { response, .. } => Expect::Replay(response.clone()),
@@ -589,12 +591,15 @@ impl Model {
                     Expect::InProgress {
                         retry_after: if *orphan { left } else { hint.min(left) },
                         lease_remaining: left,
+                        orphan: *orphan,
                     }
                 }
-                MState::InProgress { .. } if self.policy == StalePolicy::Keep => {
+                // A kept stale claim stays what it was: an orphan if its holder is gone.
+                MState::InProgress { orphan, .. } if self.policy == StalePolicy::Keep => {
                     Expect::InProgress {
                         retry_after: Duration::from_millis(RETRY_AFTER_MS),
                         lease_remaining: Duration::ZERO,
+                        orphan: *orphan,
                     }
                 }
                 MState::InProgress { orphan, .. } => Expect::Acquired {
@@ -1074,14 +1079,17 @@ impl Harness {
                 Expect::InProgress {
                     retry_after,
                     lease_remaining,
+                    orphan,
                 },
                 Claim::InProgress {
                     retry_after: got_retry,
                     lease_remaining: got_left,
+                    orphan: got_orphan,
                 },
             ) => {
                 prop_assert_eq!(got_retry, retry_after, "retry_after");
                 prop_assert_eq!(got_left, lease_remaining, "lease_remaining");
+                prop_assert_eq!(got_orphan, orphan, "orphan");
                 self.hit(if not_durable {
                     "in progress, completion not yet durable"
                 } else if lease_remaining.is_zero() {
@@ -1166,6 +1174,7 @@ impl Harness {
                     Expect::InProgress {
                         retry_after,
                         lease_remaining,
+                        ..
                     },
                     Claim::InProgress {
                         retry_after: r,

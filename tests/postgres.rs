@@ -898,7 +898,8 @@ fn a_file_store_moves_to_postgresql_and_every_claim_answers_as_before() {
             Claim::InProgress {
                 retry_after,
                 lease_remaining,
-            } => format!("in progress {retry_after:?} {lease_remaining:?}"),
+                orphan,
+            } => format!("in progress {retry_after:?} {lease_remaining:?} orphan {orphan}"),
             Claim::Mismatch { completed } => format!("mismatch, completed {completed}"),
         };
     let other = Fingerprint::of(b"another request");

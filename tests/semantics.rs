@@ -596,12 +596,14 @@ fn a_dropped_ticket_is_an_orphan_reaped_at_once_and_duplicates_hear_the_lease_en
         let Claim::InProgress {
             retry_after,
             lease_remaining,
+            orphan,
         } = store.claim(&pay(), "k1", fp("a")).unwrap()
         else {
             panic!("the lease still holds the key")
         };
         assert_eq!(retry_after, Duration::from_secs(40), "the holder is gone");
         assert_eq!(lease_remaining, retry_after);
+        assert!(orphan, "a dropped ticket's claim is an orphan");
         let mut offered = Vec::new();
         store
             .reap(|s| {

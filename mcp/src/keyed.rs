@@ -9,12 +9,17 @@
 //! replayed to every retry, reworded or not, with `io.idemdb/replayed` and
 //! `io.idemdb/argumentsChanged` in its `_meta`. A JSON-RPC error from the upstream releases the
 //! key. An upstream that ends mid-call leaves the outcome unknown: the claim stays in progress
-//! (the store never takes it over by itself), and retries are told so until it is resolved.
+//! as an orphan (the store never takes it over by itself), and retries are told so at once
+//! until it is resolved; for an upstream that honours the key, a retry forwards the call again
+//! under the same key. A call in flight renews its lease every third of it.
 
+use crate::message;
 use crate::report::Counted;
 use idemdb::agent::{Gateway, Outcome, ToolCallKey};
-use idemdb::Failure;
+use idemdb::{Attempt, Failure};
 use serde_json::{json, Value};
+use std::sync::mpsc;
+use std::time::Duration;
 
 /// How the gateway keys calls: one for the whole gateway, shared by its sessions.
 pub(crate) struct Keying {
@@ -87,8 +92,39 @@ pub(crate) enum Upstream {
     Lost,
 }
 
+impl Keying {
+    /// How often a keyed call in flight renews its claim's lease: every third of it, so that
+    /// a claim whose lease ran out was lost with its gateway, not merely slow.
+    pub(crate) fn renew_every(&self) -> Duration {
+        self.gateway.store().lease_duration() / 3
+    }
+}
+
+/// Waits for a forwarded call's answer on `answer`, renewing `attempt`'s lease every `renew`.
+/// The sender dropped unsent means the upstream was lost with the call.
+pub(crate) fn await_answer(
+    answer: &mpsc::Receiver<Value>,
+    attempt: &Attempt,
+    renew: Duration,
+) -> Upstream {
+    let lease = renew * 3;
+    loop {
+        match answer.recv_timeout(renew) {
+            Ok(response) if message::is_lost(&response) => return Upstream::Lost,
+            Ok(response) => return Upstream::Answered(response),
+            Err(mpsc::RecvTimeoutError::Disconnected) => return Upstream::Lost,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                // A renewal that fails (the claim was resolved by an operator meanwhile)
+                // shows at the completion, as LeaseLost.
+                let _ = attempt.extend_lease(lease);
+            }
+        }
+    }
+}
+
 /// Runs a keyed call of `tenant`'s (blocking: on a blocking thread). `forward` sends the call
-/// upstream (with the key in its `_meta`) and waits for what comes back. Returns the JSON-RPC
+/// upstream (with the key in its `_meta`) and waits for what comes back; it is called again
+/// (same key) for a retry of a lost call whose upstream honours the key. Returns the JSON-RPC
 /// response for the client's request `id`, and what became of the call.
 pub(crate) fn call(
     keying: &Keying,
@@ -96,23 +132,28 @@ pub(crate) fn call(
     key: &ToolCallKey,
     id: &Value,
     params: &Value,
-    forward: impl FnOnce(&str) -> Upstream,
+    mut forward: impl FnMut(&str, &Attempt) -> Upstream,
 ) -> (Value, Counted) {
     let arguments = params["arguments"].to_string();
-    let outcome = keying
-        .gateway
-        .call(
-            tenant,
-            key,
-            arguments.as_bytes(),
-            |_attempt| match forward(key.as_str()) {
-                Upstream::Answered(response) => match response.get("error") {
-                    Some(error) => Err(Failure::Transient(error.to_string().into_bytes())),
-                    None => Ok(response["result"].to_string().into_bytes()),
-                },
-                Upstream::Lost => Err(Failure::Ambiguous(Vec::new())),
-            },
-        );
+    let mut run = || {
+        keying
+            .gateway
+            .call(tenant, key, arguments.as_bytes(), |attempt| {
+                match forward(key.as_str(), attempt) {
+                    Upstream::Answered(response) => match response.get("error") {
+                        Some(error) => Err(Failure::Transient(error.to_string().into_bytes())),
+                        None => Ok(response["result"].to_string().into_bytes()),
+                    },
+                    Upstream::Lost => Err(Failure::Ambiguous(Vec::new())),
+                }
+            })
+    };
+    let mut outcome = run();
+    if matches!(outcome, Ok(Outcome::Orphaned)) && keying.rules.honours_key(key.tool()) {
+        // The upstream runs a key's side effect at most once itself: asking it again under
+        // the same key settles the lost call with the upstream's own answer.
+        outcome = keying.gateway.release_lost(tenant, key).and_then(|_| run());
+    }
     match outcome {
         Ok(Outcome::Executed { result, .. }) => {
             (result_reply(id, &result, key, None), Counted::Executed)
@@ -128,8 +169,8 @@ pub(crate) fn call(
             error_reply(
                 id,
                 IN_PROGRESS,
-                "this step is in progress in another call, or its outcome is unknown (an upstream \
-             ended mid-call: `idemdb list --state orphan` shows it, `idemdb resolve` settles it)",
+                "this step is in progress in another call (one lost with another gateway \
+             instance is listed by `idemdb list --state stale` once its lease ends)",
                 json!({"key": key.as_str(), "retryAfterMs": retry_after.as_millis() as u64}),
             ),
             Counted::InProgress,
@@ -147,6 +188,17 @@ pub(crate) fn call(
                 UNKNOWN_OUTCOME,
                 "the upstream ended while this step ran: whether its side effect happened is \
              unknown, so it is not run again; `idemdb resolve` settles it",
+                json!({"key": key.as_str()}),
+            ),
+            Counted::Unknown,
+        ),
+        Ok(Outcome::Orphaned) => (
+            error_reply(
+                id,
+                UNKNOWN_OUTCOME,
+                "an earlier call of this step was lost mid-way (its upstream or gateway ended): \
+                 whether its side effect happened is unknown, so it is not run again; \
+                 `idemdb list --state orphan` shows it, `idemdb resolve` settles it",
                 json!({"key": key.as_str()}),
             ),
             Counted::Unknown,

@@ -17,7 +17,6 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc::UnboundedSender;
-use tokio::sync::oneshot;
 use tokio::sync::Notify;
 
 use crate::message::UPSTREAM_GONE;
@@ -49,7 +48,7 @@ struct Maps {
     /// The server's id (as JSON text) → the gateway's id toward the client.
     server_ids: HashMap<String, u64>,
     /// Gateway id toward the server → the keyed call waiting for that answer.
-    keyed: HashMap<u64, oneshot::Sender<Value>>,
+    keyed: HashMap<u64, std::sync::mpsc::Sender<Value>>,
     /// Gateway ids of the client's `tools/list` requests in flight: their answers say which
     /// tools are read-only.
     tool_lists: std::collections::HashSet<u64>,
@@ -194,30 +193,32 @@ impl Proxy {
         tokio::task::spawn_blocking(move || {
             let params = message["params"].clone();
             let started = std::time::Instant::now();
-            let (reply, counted) = keyed::call(&keying, &proxy.tenant, &key, &id, &params, |key| {
-                let (tx, rx) = oneshot::channel();
+            let forward = |key: &str, attempt: &idemdb::Attempt| {
+                let (tx, rx) = std::sync::mpsc::channel();
                 let ours = {
                     let mut maps = proxy.maps();
                     let ours = maps.next_id();
                     maps.keyed.insert(ours, tx);
                     ours
                 };
-                let mut forwarded = message;
+                let mut forwarded = message.clone();
                 forwarded["id"] = Value::from(ours);
                 if !forwarded["params"]["_meta"].is_object() {
                     forwarded["params"]["_meta"] = serde_json::json!({});
                 }
                 forwarded["params"]["_meta"][keyed::KEY] = Value::from(key);
                 if proxy.upstream.send(forwarded).is_err() {
+                    // The upstream's link is closed: the call never reached it.
                     proxy.maps().keyed.remove(&ours);
-                    return Upstream::Lost;
+                    return Upstream::Answered(message::error(
+                        &Value::from(ours),
+                        UPSTREAM_GONE,
+                        "the upstream server has ended",
+                    ));
                 }
-                match rx.blocking_recv() {
-                    Ok(response) if message::is_lost(&response) => Upstream::Lost,
-                    Ok(response) => Upstream::Answered(response),
-                    Err(_) => Upstream::Lost,
-                }
-            });
+                keyed::await_answer(&rx, attempt, keying.renew_every())
+            };
+            let (reply, counted) = keyed::call(&keying, &proxy.tenant, &key, &id, &params, forward);
             let waited = (counted != Counted::Executed).then(|| started.elapsed());
             report::count_keyed(counted, &proxy.tenant, &key, waited);
             let _ = proxy.downstream.send(reply);

@@ -1,7 +1,8 @@
 """The gateway is SIGKILLed while a keyed call runs (after the tool's side effect, before its
 answer), then started again on the same store, with the official Python SDK: the retry is not
-executed again (the step's outcome is unknown to the gateway: it answers -32001 until the step
-is resolved), and the ledger holds the one side effect.
+executed again (the step's outcome is unknown to the gateway: it answers -32002 at once until
+the step is resolved); the operator resolves it with `idemdb`, the next retry replays that, and
+the ledger holds the one side effect.
 
     python gateway_killed.py GATEWAY_BINARY PYTHON STORE_DIR
 """
@@ -11,12 +12,14 @@ import signal
 import subprocess
 
 import anyio
-from ledger_gateway import ledger_lines, refusal, store_dir
+import time
+
+from ledger_gateway import ledger_lines, refusal, replayed_text, resolve_unknown, store_dir
 from ledger_gateway import params as gateway_params
 from mcp import ClientSession, stdio_client
 from mcp.shared.exceptions import MCPError
 
-params = gateway_params("--wait", "1")
+params = gateway_params("--wait", "10")
 meta = {"io.idemdb/task": "task-6", "io.idemdb/step": 1}
 
 
@@ -51,11 +54,18 @@ async def main():
         await first_attempt()
     except BaseException as e:  # the session's streams may end in any way once killed
         print(f"first session ended: {type(e).__name__}")
+    started = time.monotonic()
     error = await refusal(params, "create_incident", {"title": "Database down"}, meta)
-    assert error.code == -32001, error
+    took = time.monotonic() - started
+    assert error.code == -32002 and "unknown" in error.message, error
+    assert took < 5, f"the retry waited {took:.2f} s for a call that is known lost"
+    resolve_unknown("INC-1: DB down (found by the operator)")
+    text = await replayed_text(params, "create_incident", {"title": "Database down"}, meta)
+    assert text == "INC-1: DB down (found by the operator)", text
     lines = ledger_lines()
     assert lines == ["DB down\ttc1:task-6:1:create_incident"], lines
-    print(f"gateway killed mid-call: the retry was not run ({error.code}); "
+    print(f"gateway killed mid-call: the retry was not run ({error.code} in {took:.2f} s, "
+          f"--wait 10); resolved by the operator, then replayed; "
           f"{len(lines)} side effect in the ledger")
 
 

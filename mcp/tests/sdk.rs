@@ -24,14 +24,36 @@ fn sdk(var: &str) -> String {
 
 const GATEWAY: &str = env!("CARGO_BIN_EXE_idemdb-mcp");
 
+/// The operator's `idemdb` command, built beside the gateway (by the workspace's own tests, or
+/// `cargo build --release -p idemdb-cli`): the scripts list and resolve unknown steps with it.
+/// `IDEMDB_CLI` names another build (one with the `postgres` feature, for a database store).
+fn cli() -> std::path::PathBuf {
+    if let Some(cli) = std::env::var_os("IDEMDB_CLI") {
+        return cli.into();
+    }
+    let cli = Path::new(GATEWAY).with_file_name("idemdb");
+    assert!(
+        cli.exists(),
+        "{} is missing: run `cargo build --release -p idemdb-cli` first",
+        cli.display()
+    );
+    cli
+}
+
 /// Runs `script` with the SDK's Python, the gateway's binary, `arg` and a fresh directory.
 fn python(name: &str, script: &str, arg: &str) -> String {
-    run(name, &sdk("IDEMDB_MCP_PYTHON"), script, &[GATEWAY, arg])
+    run(
+        name,
+        &sdk("IDEMDB_MCP_PYTHON"),
+        script,
+        &[GATEWAY, arg],
+        &[],
+    )
 }
 
 /// Runs `program` on `script` with `args` and a fresh directory after them; returns what it
 /// printed, having checked it succeeded.
-fn run(name: &str, program: &str, script: &str, args: &[&str]) -> String {
+fn run(name: &str, program: &str, script: &str, args: &[&str], env: &[(&str, &str)]) -> String {
     let dir = std::env::temp_dir().join(format!("idemdb-mcp-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("a temporary directory");
@@ -39,6 +61,8 @@ fn run(name: &str, program: &str, script: &str, args: &[&str]) -> String {
         .join("tests")
         .join(script);
     let out = Command::new(program)
+        .env("IDEMDB_CLI", cli())
+        .envs(env.iter().copied())
         .arg(script)
         .args(args)
         .arg(&dir)
@@ -84,8 +108,48 @@ fn a_gateway_killed_mid_call_and_restarted_never_runs_the_step_again() {
 #[test]
 fn the_typescript_sdks_client_gets_a_reworded_retry_replayed() {
     let (modules, python) = (sdk("IDEMDB_MCP_NODE_MODULES"), sdk("IDEMDB_MCP_PYTHON"));
-    let out = run("ts", "node", "ts_client.cjs", &[&modules, GATEWAY, &python]);
+    let out = run(
+        "ts",
+        "node",
+        "ts_client.cjs",
+        &[&modules, GATEWAY, &python],
+        &[],
+    );
     assert!(out.contains("1 side effect in the ledger"), "{out}");
+}
+
+/// `IDEMDB_PG_URL` (keyword form, as `scripts/with-postgres` gives it) as a `postgres://` URL.
+#[cfg(feature = "postgres")]
+fn postgres_url() -> String {
+    let url = std::env::var("IDEMDB_PG_URL")
+        .expect("IDEMDB_PG_URL is not set: run under scripts/with-postgres");
+    let field = |name: &str| {
+        url.split_whitespace()
+            .find_map(|kv| kv.strip_prefix(&format!("{name}=")))
+            .unwrap_or_else(|| panic!("IDEMDB_PG_URL has no {name}: {url}"))
+            .to_owned()
+    };
+    format!(
+        "postgres://{}@{}:{}/{}",
+        field("user"),
+        field("host"),
+        field("port"),
+        field("dbname")
+    )
+}
+
+#[cfg(feature = "postgres")]
+#[test]
+fn two_gateways_on_one_database_run_each_step_once_and_renew_their_leases() {
+    let (python, store) = (sdk("IDEMDB_MCP_PYTHON"), postgres_url());
+    let out = run(
+        "two",
+        &python,
+        "two_gateways.py",
+        &[GATEWAY, &python],
+        &[("IDEMDB_MCP_STORE", &store)],
+    );
+    assert!(out.contains("2 side effects in the ledger"), "{out}");
 }
 
 #[cfg(all(feature = "metrics", feature = "tracing"))]

@@ -108,6 +108,12 @@ pub enum Outcome {
         /// What the tool returned.
         error: Vec<u8>,
     },
+    /// The store keeps stale claims ([`crate::StalePolicy::Keep`]) and an earlier attempt of
+    /// this call is known gone mid-call (it failed with [`Failure::Ambiguous`], panicked, or
+    /// its process died): whether the tool acted is unknown, so it does not run again. Answered
+    /// at once. [`Gateway::reap`], [`crate::Store::resolve`] (`idemdb resolve`) or, for a tool
+    /// that deduplicates by the key itself, [`Gateway::release_lost`] settles it.
+    Orphaned,
 }
 
 /// Wraps tool execution so each logical tool call has its side effect at most once per key,
@@ -265,6 +271,7 @@ impl Gateway {
             Ok(Ran::Mismatch { completed }) => Ok(Outcome::Mismatch { completed }),
             Ok(Ran::Released(error)) => Ok(Outcome::Released { error }),
             Ok(Ran::Unresolved(error)) => Ok(Outcome::Unresolved { error }),
+            Ok(Ran::Orphaned) => Ok(Outcome::Orphaned),
             Err(Error::ResponseTooLarge {
                 size,
                 limit,
@@ -347,6 +354,49 @@ impl Gateway {
                 Resolution::Keep => Resolution::Keep,
             }
         })
+    }
+
+    /// Releases the call `key` of `tenant` if an earlier attempt of it was lost (its holder is
+    /// known gone, or its lease ran out), so that the next call runs the tool again. Only for a
+    /// tool that deduplicates by the key it is given ([`ToolCallKey::as_str`]), such as a
+    /// payment API taking an `Idempotency-Key`: running it again under the same key cannot
+    /// repeat its side effect, and returns the first run's result. Returns `true` if a lost
+    /// claim was released; `false` if nothing changed (no record, a completion, or a claim
+    /// whose holder is live).
+    ///
+    /// ```
+    /// use idemdb::agent::{Gateway, Outcome, ToolCallKey};
+    /// use idemdb::{Failure, StalePolicy, Store};
+    /// let store = Store::builder().stale_policy(StalePolicy::Keep).in_memory()?;
+    /// let gateway = Gateway::new(store);
+    /// let key = ToolCallKey::new("task-7", 1, "charge");
+    /// // The payment API's answer was lost: charged or not, nobody knows.
+    /// let lost = gateway.call("agent-a", &key, b"{}", |_| Err(Failure::Ambiguous(Vec::new())))?;
+    /// assert!(matches!(lost, Outcome::Unresolved { .. }));
+    /// let retry = gateway.call("agent-a", &key, b"{}", |_| Ok(b"never".to_vec()))?;
+    /// assert_eq!(retry, Outcome::Orphaned);
+    /// // The API deduplicates by the key: asking it again is safe.
+    /// assert!(gateway.release_lost("agent-a", &key)?);
+    /// let again = gateway.call("agent-a", &key, b"{}", |_| Ok(b"ch_1".to_vec()))?;
+    /// assert!(matches!(again, Outcome::Executed { result: Ok(_), .. }));
+    /// # Ok::<(), idemdb::Error>(())
+    /// ```
+    ///
+    /// # Concurrency
+    /// As [`Store::resolve`]: only the lost claim read here is released; a call that claimed
+    /// the key meanwhile is left alone, and of two concurrent `release_lost` one releases.
+    ///
+    /// # Errors
+    /// [`Error::InvalidScope`] for a bad tenant; the store's I/O or database errors.
+    pub fn release_lost(&self, tenant: &str, key: &ToolCallKey) -> Result<bool> {
+        let scope = Scope::new(tenant, ENDPOINT);
+        match self.store.get(&scope, key.as_str())? {
+            Some(entry) => {
+                self.store
+                    .resolve(&scope, key.as_str(), entry.fence, Resolution::Release)
+            }
+            None => Ok(false),
+        }
     }
 }
 

@@ -224,7 +224,7 @@ impl FileStore {
                         return Ok(Attempt::Answer(self.in_progress(left, orphan)));
                     }
                     if inner.config.stale_policy == StalePolicy::Keep {
-                        return Ok(Attempt::Answer(self.in_progress(Duration::ZERO, false)));
+                        return Ok(Attempt::Answer(self.in_progress(Duration::ZERO, orphan)));
                     }
                     let seen = slot.clone();
                     drop(stripe);

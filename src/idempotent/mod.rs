@@ -118,6 +118,11 @@ pub enum CallOutcome<T, E> {
         /// What the closure returned.
         error: E,
     },
+    /// The store keeps stale claims ([`crate::StalePolicy::Keep`]) and the key is held by an
+    /// attempt known gone (it failed ambiguously, panicked, or its process died): whether its
+    /// side effect happened is unknown, and only [`Store::reap`] or [`Store::resolve`] (an
+    /// operator's `idemdb resolve`) settles it. Answered at once, without waiting. Nothing ran.
+    Orphaned,
 }
 
 impl<T, E> CallOutcome<T, E> {
@@ -537,5 +542,6 @@ where
         Ran::Mismatch { completed } => CallOutcome::Mismatch { completed },
         Ran::Released(error) => CallOutcome::Released { error: error? },
         Ran::Unresolved(error) => CallOutcome::Unresolved { error: error? },
+        Ran::Orphaned => CallOutcome::Orphaned,
     })
 }

@@ -7,7 +7,9 @@
 //! - **A bounded wait for an in-flight duplicate.** While another call holds the key, the call
 //!   waits ([`Store::wait`]: woken when the holder settles or its lease ends, not by polling)
 //!   and claims again, until `wait` has passed since the call began; then it answers
-//!   [`Ran::InProgress`]. A zero `wait` answers at once.
+//!   [`Ran::InProgress`]. A zero `wait` answers at once. Under [`StalePolicy::Keep`] a key
+//!   held by an orphan (its holder known gone) answers [`Ran::Orphaned`] at once: no holder
+//!   will settle it, and the store will not take it over.
 //! - **Settling by the body's [`Step`].** `Store` completes the claim, durably, before
 //!   [`Ran::Executed`] is returned; `Release` releases the key, so the next call runs the body
 //!   ([`Ran::Released`]); `Leave` drops the ticket unspent, so the claim stays in progress as
@@ -32,6 +34,7 @@ use crate::model::ticket::Ticket;
 use crate::store::Store;
 use crate::sync::Arc;
 use crate::timer::far_future;
+use crate::StalePolicy;
 use futures_util::FutureExt as _;
 use std::future::Future;
 use std::panic::{self, AssertUnwindSafe};
@@ -63,6 +66,9 @@ pub(crate) enum Ran<Y, X> {
     },
     Released(X),
     Unresolved(X),
+    /// Under [`crate::StalePolicy::Keep`], the key is held by an attempt known gone (an
+    /// orphan): nothing but a reap or an operator will settle it, so waiting is pointless.
+    Orphaned,
 }
 
 /// One call: claim (waiting for an in-flight duplicate up to `wait`), run, settle.
@@ -88,11 +94,16 @@ impl Once<'_> {
             .unwrap_or_else(far_future)
     }
 
-    fn next<Y, X>(claim: Claim, deadline: Instant) -> Next<Y, X> {
+    fn next<Y, X>(&self, claim: Claim, deadline: Instant) -> Next<Y, X> {
         match claim {
             Claim::Acquired(ticket) => Next::Run(ticket),
             Claim::Replay(stored) => Next::Done(Ran::Replayed(stored)),
             Claim::Mismatch { completed } => Next::Done(Ran::Mismatch { completed }),
+            Claim::InProgress { orphan: true, .. }
+                if self.store.stale_policy() == StalePolicy::Keep =>
+            {
+                Next::Done(Ran::Orphaned)
+            }
             Claim::InProgress { retry_after, .. } => {
                 let now = Instant::now();
                 if now >= deadline {
@@ -109,7 +120,7 @@ impl Once<'_> {
     pub(crate) fn run<Y, X>(&self, body: impl FnOnce(&Attempt) -> Step<Y, X>) -> Result<Ran<Y, X>> {
         let deadline = self.deadline();
         let ticket = loop {
-            match Self::next(
+            match self.next(
                 self.store.claim(self.scope, self.key, self.fingerprint)?,
                 deadline,
             ) {
@@ -154,7 +165,7 @@ impl Once<'_> {
     {
         let deadline = self.deadline();
         let ticket = loop {
-            match Self::next(
+            match self.next(
                 self.store
                     .claim_async(self.scope, self.key, self.fingerprint)
                     .await?,

@@ -31,6 +31,13 @@ pub enum Claim {
         /// stale policy is [`crate::StalePolicy::Keep`], or the holder already completed and
         /// the completion is being made durable (a retry after `retry_after` replays it).
         lease_remaining: Duration,
+        /// The holder is known gone: its ticket was dropped unspent (it failed ambiguously or
+        /// panicked), or its process ended before settling it (the claim was found at open). A
+        /// slow holder in another process is not known gone until its lease runs out; under
+        /// [`crate::StalePolicy::TakeOver`] its claim is then taken over, under
+        /// [`crate::StalePolicy::Keep`] it stays as it is (an orphan stays one) until a reap or
+        /// [`crate::Store::resolve`] settles it.
+        orphan: bool,
     },
     /// The key is held or completed for a request with another fingerprint. Nothing changed.
     Mismatch {
@@ -56,6 +63,7 @@ impl Claim {
         Claim::InProgress {
             retry_after,
             lease_remaining,
+            orphan,
         }
     }
 }
