@@ -70,14 +70,11 @@ fn run(serve: Serve) -> Result<u8, String> {
     runtime.block_on(async {
         reporting.serve()?;
         let upstream = upstream::child::start(command, &[]).map_err(|e| e.to_string())?;
-        match session::run(
-            stdio::client(),
-            upstream,
-            Some(keying),
-            serve.tenant.clone(),
-        )
-        .await
-        {
+        let (client, written) = stdio::client();
+        let ended = session::run(client, upstream, Some(keying), serve.tenant.clone()).await;
+        // The last answers reach the client before the process ends.
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(5), written).await;
+        match ended {
             session::Ended::Client => Ok(0),
             session::Ended::Upstream(ending) => Ok(ending.code),
         }

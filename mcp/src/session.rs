@@ -48,6 +48,11 @@ pub(crate) async fn run(
                         .await
                         .unwrap_or_else(|_| Ending::new("the upstream ended", 1));
                     proxy.server_gone(&ending.why);
+                    // Keyed calls in flight were told their answer is lost: let them store
+                    // that and answer the client before the session ends.
+                    while proxy.keyed_in_flight() > 0 {
+                        proxy.keyed_settled().await;
+                    }
                     return Ended::Upstream(ending);
                 }
             },
@@ -68,5 +73,15 @@ pub(crate) async fn run(
             () = proxy.keyed_settled() => {}
         }
     }
+    // Closing the upstream's link asks it to end (a child's stdin closes, as the MCP stdio
+    // transport's shutdown says); give it a moment to do so before it is killed.
+    drop(proxy);
+    let _ = tokio::time::timeout(UPSTREAM_SHUTDOWN, async {
+        while from_upstream.recv().await.is_some() {}
+    })
+    .await;
     Ended::Client
 }
+
+/// How long an upstream gets to end by itself once its client is gone.
+const UPSTREAM_SHUTDOWN: std::time::Duration = std::time::Duration::from_secs(5);

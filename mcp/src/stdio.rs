@@ -8,15 +8,17 @@ use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 /// The client on this process's stdin and stdout. The link ends when stdin closes. A line that
-/// is not JSON is answered with a parse error, as JSON-RPC asks.
-pub(crate) fn client() -> Link {
+/// is not JSON is answered with a parse error, as JSON-RPC asks. The task returned ends once
+/// every message sent to the client is written and flushed (after the link's senders are
+/// dropped): await it before the process exits, or the last answers are lost.
+pub(crate) fn client() -> (Link, tokio::task::JoinHandle<()>) {
     let (link, peer) = link::pair();
     let Peer {
         outgoing,
         incoming,
         ended,
     } = peer;
-    tokio::spawn(write_lines(outgoing, tokio::io::stdout()));
+    let writer = tokio::spawn(write_lines(outgoing, tokio::io::stdout()));
     let answer = link.outgoing.downgrade();
     tokio::spawn(async move {
         let mut lines = BufReader::new(tokio::io::stdin()).lines();
@@ -42,5 +44,5 @@ pub(crate) fn client() -> Link {
         drop(incoming);
         let _ = ended.send(Ending::new("the client closed stdin", 0));
     });
-    link
+    (link, writer)
 }
