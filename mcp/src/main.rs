@@ -2,12 +2,14 @@
 //! effectively-once with keys the harness gives (issue 29).
 //!
 //! The parts, each a file: `args` (the command line), `link` (a conversation in JSON-RPC
-//! messages, whatever its transport), `stdio` (the client on stdio), `upstream` (the servers
+//! messages, whatever its transport), `stdio` (the client on stdio), `http` (clients on
+//! Streamable HTTP, `--listen`), `upstream` (the servers
 //! behind the gateway), `session` (a client joined to an upstream), `proxy` (the routing and
 //! renumbering between them), `keyed` (a `tools/call` run once per key through the library's
 //! agent gateway), `rules` (which tools are keyed), `report` (counts of outcomes).
 
 mod args;
+mod http;
 mod keyed;
 mod link;
 mod message;
@@ -61,14 +63,22 @@ fn run(serve: Serve) -> Result<u8, String> {
         .enable_all()
         .build()
         .map_err(|e| e.to_string())?;
-    if serve.http.is_some() {
-        return Err("--listen is not offered yet".into());
+    {
+        // `/metrics` is served on the runtime whichever transport the client uses.
+        let _runtime = runtime.enter();
+        reporting.serve()?;
     }
     let Upstreams::Command(command) = &serve.upstream else {
         return Err("--config is not offered yet".into());
     };
+    if let Some(settings) = &serve.http {
+        let command = command.clone();
+        let start: http::StartUpstream = Arc::new(move || upstream::child::start(&command, &[]));
+        return runtime
+            .block_on(http::serve(settings, keying, start))
+            .map(|()| 0);
+    }
     runtime.block_on(async {
-        reporting.serve()?;
         let upstream = upstream::child::start(command, &[]).map_err(|e| e.to_string())?;
         let (client, written) = stdio::client();
         let ended = session::run(client, upstream, Some(keying), serve.tenant.clone()).await;

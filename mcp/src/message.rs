@@ -47,6 +47,16 @@ pub(crate) fn error(id: &Value, code: i64, message: &str) -> Value {
     serde_json::json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}})
 }
 
+/// The request a `notifications/cancelled` names (its `params.requestId`, as JSON text, the form
+/// the proxy's maps key ids by); `None` when its `params` is not an object with one.
+pub(crate) fn cancelled_request(notification: &Value) -> Option<String> {
+    notification
+        .get("params")?
+        .as_object()?
+        .get("requestId")
+        .map(Value::to_string)
+}
+
 /// The JSON-RPC code of a request whose upstream ended (or could not be reached) before it
 /// answered.
 pub(crate) const UPSTREAM_GONE: i64 = -32000;

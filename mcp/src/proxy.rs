@@ -131,7 +131,9 @@ impl Proxy {
             }
             Kind::Request { id, .. } => self.forward_request(id, message),
             Kind::Notification { method } if method == "notifications/cancelled" => {
-                let theirs = message["params"]["requestId"].to_string();
+                let Some(theirs) = message::cancelled_request(&message) else {
+                    return; // Malformed: there is nothing it could cancel.
+                };
                 let Some(ours) = self.maps().client_ids.get(&theirs).copied() else {
                     return; // Already answered, or never sent: nothing to cancel.
                 };
@@ -261,7 +263,9 @@ impl Proxy {
                 let _ = self.downstream.send(message);
             }
             Kind::Notification { method } if method == "notifications/cancelled" => {
-                let theirs = message["params"]["requestId"].to_string();
+                let Some(theirs) = message::cancelled_request(&message) else {
+                    return;
+                };
                 let Some(ours) = self.maps().server_ids.get(&theirs).copied() else {
                     return;
                 };
@@ -442,6 +446,55 @@ mod tests {
             "{mismatch}"
         );
         assert!(up.try_recv().is_err(), "nothing else reached the upstream");
+    }
+
+    /// Odd messages from either side, in any order, never panic the proxy. A cancellation
+    /// whose `params` was a string, sent while a request with id `null` was in flight, panicked
+    /// it (the renamed id was written into the string).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn hostile_messages_never_panic_the_proxy() {
+        let (up_tx, _up) = mpsc::unbounded_channel();
+        let (down_tx, _down) = mpsc::unbounded_channel();
+        let proxy = Arc::new(Proxy::new(
+            up_tx,
+            down_tx,
+            Some(Arc::new(Keying {
+                gateway: idemdb::agent::Gateway::new(idemdb::Store::in_memory().unwrap()),
+                rules: Default::default(),
+                strict: false,
+            })),
+            "t".into(),
+        ));
+        let hostile = [
+            json!({"jsonrpc": "2.0", "id": null, "method": "tools/list"}),
+            json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": "x"}),
+            json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": [1]}),
+            json!({"jsonrpc": "2.0", "method": "notifications/cancelled"}),
+            json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": {"a": 1}}}),
+            json!({"jsonrpc": "2.0", "id": {"a": 1}, "method": "tools/call", "params": "x"}),
+            json!({"jsonrpc": "2.0", "id": [1], "method": "tools/call", "params": {"name": 7}}),
+            json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "x", "_meta": "m"}}),
+            json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"_meta": {"io.idemdb/task": "t", "io.idemdb/step": 1}}}),
+            json!({"jsonrpc": "2.0", "id": 4, "method": "tools/call", "params": {"name": "x", "_meta": {"io.idemdb/task": [], "io.idemdb/step": {}}}}),
+            json!({"jsonrpc": "2.0", "id": 1, "result": "not an object"}),
+            json!({"jsonrpc": "2.0", "id": "nobody", "error": 5}),
+            json!({"jsonrpc": "2.0", "id": 1, "result": {"tools": "no"}}),
+            json!({"jsonrpc": "2.0", "id": 1, "result": {"tools": [1, {"name": 2}, {"annotations": 3}]}}),
+            json!({"jsonrpc": "2.0", "id": null, "method": "roots/list", "params": 1}),
+            json!([1, 2, 3]),
+            json!("text"),
+            json!(null),
+            json!({}),
+        ];
+        for message in &hostile {
+            proxy.client_sent(message.clone());
+            proxy.server_sent(message.clone());
+        }
+        for message in hostile.iter().rev() {
+            proxy.server_sent(message.clone());
+            proxy.client_sent(message.clone());
+        }
+        proxy.server_gone("the test ended");
     }
 
     #[test]

@@ -5,8 +5,10 @@
 //! duplicates and a resumed agent, every side effect once; `tests/upstream_dies.py` and
 //! `tests/gateway_killed.py`: a tool server or the gateway dying mid-call leaves the step's
 //! outcome unknown, and the step is never run again; `tests/ts_client.cjs`: a reworded retry
-//! from the TypeScript SDK's client replayed; `tests/counted.py`, with features `metrics` and
-//! `tracing`: every outcome of a tools/call counted exactly in `/metrics` and on stderr).
+//! from the TypeScript SDK's client replayed; `tests/http_gateway.py` and `tests/ts_http.cjs`:
+//! the same on Streamable HTTP, `--listen`, with its tenants, sessions and refusals;
+//! `tests/counted.py`, with features `metrics` and `tracing`: every outcome of a tools/call
+//! counted exactly in `/metrics` and on stderr).
 //!
 //! Needs the SDKs `scripts/mcp-sdks` installs: `eval "$(scripts/mcp-sdks)"` sets
 //! `IDEMDB_MCP_PYTHON` and `IDEMDB_MCP_NODE_MODULES` (`.ci/run` does).
@@ -150,6 +152,28 @@ fn two_gateways_on_one_database_run_each_step_once_and_renew_their_leases() {
         &[("IDEMDB_MCP_STORE", &store)],
     );
     assert!(out.contains("2 side effects in the ledger"), "{out}");
+}
+
+#[test]
+fn on_streamable_http_tenants_are_apart_duplicates_run_once_and_refusals_are_clear() {
+    let out = python("http", "http_gateway.py", &sdk("IDEMDB_MCP_PYTHON"));
+    assert!(
+        out.contains("4 side effects in the ledger (0 duplicates)"),
+        "{out}"
+    );
+}
+
+#[test]
+fn the_typescript_sdks_http_client_gets_a_reworded_retry_replayed() {
+    let (modules, python) = (sdk("IDEMDB_MCP_NODE_MODULES"), sdk("IDEMDB_MCP_PYTHON"));
+    let out = run(
+        "ts-http",
+        "node",
+        "ts_http.cjs",
+        &[&modules, GATEWAY, &python],
+        &[],
+    );
+    assert!(out.contains("1 side effect in the ledger"), "{out}");
 }
 
 #[cfg(all(feature = "metrics", feature = "tracing"))]
