@@ -49,6 +49,8 @@ fn run(serve: Serve) -> Result<u8, String> {
         Upstreams::Config(path) => Some(config::load(path)?),
         Upstreams::Command(_) => None,
     };
+    // Before the store opens: it registers its metrics with the recorder installed then.
+    let reporting = report::start(serve.metrics)?;
     let store = open_store(&serve)?;
     let policy = if serve.strict {
         idemdb::agent::ArgumentPolicy::Strict
@@ -70,8 +72,10 @@ fn run(serve: Serve) -> Result<u8, String> {
         .enable_all()
         .build()
         .map_err(|e| e.to_string())?;
-    if serve.metrics.is_some() {
-        return Err("--metrics is not offered yet".into());
+    {
+        // `/metrics` is served on the runtime whichever transport the client uses.
+        let _runtime = runtime.enter();
+        reporting.serve()?;
     }
     if let Some(config) = config {
         let config = Arc::new(config);

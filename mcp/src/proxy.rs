@@ -222,7 +222,7 @@ impl Proxy {
             };
             let (reply, counted) = keyed::call(&keying, &proxy.tenant, &key, &id, &params, forward);
             let waited = (counted != Counted::Executed).then(|| started.elapsed());
-            report::count(counted, &proxy.tenant, key.tool(), waited);
+            report::count_keyed(counted, &proxy.tenant, &key, waited);
             let _ = proxy.downstream.send(reply);
             proxy.keyed_in_flight.fetch_sub(1, Ordering::AcqRel);
             proxy.keyed_settled.notify_one();

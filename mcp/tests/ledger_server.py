@@ -3,7 +3,8 @@
 `create_incident` appends one line to the ledger per execution: the title and the key the
 gateway forwarded in `_meta["io.idemdb/key"]`; it sleeps `seconds` first (a slow tool that a
 client gives up on), and `answer_after` seconds between its side effect and its answer. `create_and_die` appends its line, then the whole server exits before it
-answers. `ledger` (read-only) returns the ledger's lines.
+answers. `unavailable` writes nothing and answers a JSON-RPC error (an incident system that is
+down: the gateway releases the key). `ledger` (read-only) returns the ledger's lines.
 
     python ledger_server.py LEDGER_PATH
 """
@@ -13,6 +14,7 @@ import sys
 
 import anyio
 from mcp.server.mcpserver import Context, MCPServer
+from mcp.shared.exceptions import MCPError
 from mcp.types import ToolAnnotations
 
 LEDGER = sys.argv[1]
@@ -41,6 +43,12 @@ async def create_and_die(title: str, ctx: Context) -> str:
     with open(LEDGER, "a") as f:
         f.write(f"{title}\t{meta.get('io.idemdb/key')}\n")
     os._exit(1)
+
+
+@app.tool(annotations=ToolAnnotations(readOnlyHint=False))
+def unavailable(title: str) -> str:
+    """Answers a JSON-RPC error, not a tool result: nothing happened."""
+    raise MCPError(code=-32050, message=f"the incident system is unavailable ({title})")
 
 
 @app.tool(annotations=ToolAnnotations(readOnlyHint=True))

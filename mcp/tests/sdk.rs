@@ -8,7 +8,9 @@
 //! from the TypeScript SDK's client replayed; `tests/http_gateway.py` and `tests/ts_http.cjs`:
 //! the same on Streamable HTTP, `--listen`, with its tenants, sessions and refusals;
 //! `tests/config_gateway.py`: `--config`, several upstreams on stdio and Streamable HTTP behind
-//! one gateway, and an upstream that honours the key).
+//! one gateway, and an upstream that honours the key; `tests/counted.py`, with features
+//! `metrics` and `tracing`: every outcome of a tools/call counted exactly in `/metrics` and on
+//! stderr; `tests/two_gateways.py`, with feature `postgres`: two gateways on one database).
 //!
 //! Needs the SDKs `scripts/mcp-sdks` installs: `eval "$(scripts/mcp-sdks)"` sets
 //! `IDEMDB_MCP_PYTHON` and `IDEMDB_MCP_NODE_MODULES` (`.ci/run` does).
@@ -205,4 +207,27 @@ fn a_config_of_several_upstreams_prefixes_their_tools_and_keeps_each_step_once_p
 fn a_lost_call_to_an_upstream_that_honours_the_key_is_forwarded_again_and_charged_once() {
     let out = config_gateway("honours-key");
     assert!(out.contains("2 attempts, 1 charge"), "{out}");
+}
+
+#[cfg(all(feature = "metrics", feature = "tracing"))]
+#[test]
+fn every_outcome_of_a_tool_call_is_counted_in_the_metrics_and_the_events() {
+    let out = python("counted", "counted.py", &sdk("IDEMDB_MCP_PYTHON"));
+    assert!(out.contains("every outcome counted exactly"), "{out}");
+}
+
+#[cfg(not(feature = "metrics"))]
+#[test]
+fn metrics_asked_of_a_gateway_built_without_them_is_refused_naming_the_feature() {
+    let store = std::env::temp_dir().join(format!("idemdb-mcp-nometrics-{}", std::process::id()));
+    let out = Command::new(GATEWAY)
+        .args(["serve", "--store"])
+        .arg(&store)
+        .args(["--metrics", "127.0.0.1:0", "--", "true"])
+        .output()
+        .expect("run the gateway");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("--features metrics"), "{stderr}");
+    assert!(!store.exists(), "refused before the store opened");
 }
