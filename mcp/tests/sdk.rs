@@ -231,3 +231,9 @@ fn metrics_asked_of_a_gateway_built_without_them_is_refused_naming_the_feature()
     assert!(stderr.contains("--features metrics"), "{stderr}");
     assert!(!store.exists(), "refused before the store opened");
 }
+
+#[test]
+fn a_tools_failure_is_replayed_an_upstream_error_releases_and_config_serves_http() {
+    let out = python("outcomes", "outcomes.py", &sdk("IDEMDB_MCP_PYTHON"));
+    assert!(out.contains("3 side effects in the ledger"), "{out}");
+}
