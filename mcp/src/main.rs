@@ -1,18 +1,28 @@
 //! `idemdb-mcp`: an MCP gateway in front of upstream MCP servers, making agents' tool calls
 //! effectively-once with keys the harness gives (issue 29).
 //!
-//! The parts, each a file: `args` (the command line), `link` (a conversation in JSON-RPC
-//! messages, whatever its transport), `stdio` (the client on stdio), `http` (clients on
-//! Streamable HTTP, `--listen`), `upstream` (the servers
-//! behind the gateway), `session` (a client joined to an upstream), `proxy` (the routing and
-//! renumbering between them), `keyed` (a `tools/call` run once per key through the library's
-//! agent gateway), `rules` (which tools are keyed), `report` (counts of outcomes), `config`
-//! (several upstreams, in a host's `mcpServers` JSON).
+//! The parts, each a file or folder:
+//!
+//! | part | what it is |
+//! | --- | --- |
+//! | `args` | the command line |
+//! | `link` | a conversation in JSON-RPC messages, whatever its transport |
+//! | `lines` | the stdio transport's framing, one message per line |
+//! | `stdio` | the client on stdin and stdout |
+//! | `http/` | clients on Streamable HTTP (`--listen`): sessions, checks, streams |
+//! | `upstream/` | the servers behind the gateway: a child process, a Streamable HTTP URL, the hub of several |
+//! | `config` | several upstreams, in a host's `mcpServers` JSON (`--config`) |
+//! | `session` | a client joined to an upstream |
+//! | `proxy` | the routing and id renumbering between them |
+//! | `keyed` | a `tools/call` run once per key through the library's agent gateway |
+//! | `rules` | which tools are keyed, which upstreams honour the key |
+//! | `report/` | counts and events of outcomes (features `metrics`, `tracing`) |
 
 mod args;
 mod config;
 mod http;
 mod keyed;
+mod lines;
 mod link;
 mod message;
 mod proxy;

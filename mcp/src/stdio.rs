@@ -1,11 +1,11 @@
 //! MCP on stdio: the client speaks on this process's stdin and stdout, one JSON-RPC message per
 //! line (the stdio transport of the MCP specification).
 
+use crate::lines::{read_lines, write_lines};
 use crate::link::{self, Ending, Link, Peer};
 use crate::message;
-use crate::upstream::child::write_lines;
 use serde_json::Value;
-use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::io::BufReader;
 
 /// The client on this process's stdin and stdout. The link ends when stdin closes. A line that
 /// is not JSON is answered with a parse error, as JSON-RPC asks. The task returned ends once
@@ -21,26 +21,14 @@ pub(crate) fn client() -> (Link, tokio::task::JoinHandle<()>) {
     let writer = tokio::spawn(write_lines(outgoing, tokio::io::stdout()));
     let answer = link.outgoing.downgrade();
     tokio::spawn(async move {
-        let mut lines = BufReader::new(tokio::io::stdin()).lines();
-        while let Ok(Some(line)) = lines.next_line().await {
-            if line.trim().is_empty() {
-                continue;
+        let stdin = BufReader::new(tokio::io::stdin());
+        read_lines(stdin, &incoming, |e| {
+            if let Some(answer) = answer.upgrade() {
+                let error = message::error(&Value::Null, -32700, &format!("parse error: {e}"));
+                let _ = answer.send(error);
             }
-            match serde_json::from_str::<Value>(&line) {
-                Ok(message) => {
-                    let _ = incoming.send(message);
-                }
-                Err(e) => {
-                    if let Some(answer) = answer.upgrade() {
-                        let _ = answer.send(message::error(
-                            &Value::Null,
-                            -32700,
-                            &format!("parse error: {e}"),
-                        ));
-                    }
-                }
-            }
-        }
+        })
+        .await;
         drop(incoming);
         let _ = ended.send(Ending::new("the client closed stdin", 0));
     });

@@ -11,9 +11,7 @@ with -32601, `--max-sessions 1` 503, and `--session-idle 1` ending an idle sessi
 
 import json
 import os
-import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -24,6 +22,7 @@ import httpx2
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
+from listening import start_listening
 
 gateway, python, store_dir = sys.argv[1:4]
 store_dir = os.path.abspath(store_dir)
@@ -35,19 +34,9 @@ TENANT = "x-idemdb-tenant"
 def start_gateway(store, *options):
     """Starts the gateway on a free port; returns the process and its URL (read from the line
     it prints once listening). Its stderr is drained on a thread, so it never blocks."""
-    proc = subprocess.Popen(
+    return start_listening(
         [gateway, "serve", "--listen", "127.0.0.1:0", "--store", os.path.join(store_dir, store),
-         *options, "--", python, server, ledger_path],
-        stderr=subprocess.PIPE, text=True,
-    )
-    url = None
-    for line in proc.stderr:
-        if "listening on " in line:
-            url = line.split("listening on ", 1)[1].strip()
-            break
-    assert url and url.endswith("/mcp"), f"no listening line (exit {proc.poll()})"
-    threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()
-    return proc, url
+         *options, "--", python, server, ledger_path])
 
 
 def raw(url, method="POST", body=None, **headers):

@@ -10,9 +10,7 @@ name, and a reworded retry in a new session replays it.
 
 import json
 import os
-import subprocess
 import sys
-import threading
 
 import anyio
 import httpx2
@@ -21,6 +19,7 @@ from ledger_gateway import params as gateway_params
 from mcp import Client, ClientSession, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
+from listening import start_listening
 
 gateway, python = sys.argv[1:3]
 server = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ledger_server.py")
@@ -59,18 +58,9 @@ def start_http_gateway():
     with open(config, "w") as f:
         json.dump({"mcpServers": {"ledger": {"command": python, "args": [server, ledger_path]}}},
                   f)
-    proc = subprocess.Popen(
+    return start_listening(
         [gateway, "serve", "--listen", "127.0.0.1:0", "--config", config, "--store",
-         os.path.join(store_dir, "http.idem")],
-        stderr=subprocess.PIPE, text=True)
-    url = None
-    for line in proc.stderr:
-        if "listening on " in line:
-            url = line.split("listening on ", 1)[1].strip()
-            break
-    assert url, f"no listening line (exit {proc.poll()})"
-    threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()
-    return proc, url
+         os.path.join(store_dir, "http.idem")])
 
 
 async def http_call(url, title):

@@ -7,9 +7,7 @@ server request (`roots/list`) reaching the client and its answer reaching the se
     python passthrough.py GATEWAY_BINARY NODE_MODULES STORE_DIR
 """
 
-import subprocess
 import sys
-import threading
 from contextlib import asynccontextmanager
 
 import anyio
@@ -17,6 +15,7 @@ import httpx2
 from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.types import ListRootsResult, Root
+from listening import start_listening
 
 gateway, node_modules, store_dir = sys.argv[1:4]
 everything = [f"{node_modules}/@modelcontextprotocol/server-everything/dist/index.js", "stdio"]
@@ -89,19 +88,9 @@ def stdio(params):
 
 def start_http_gateway():
     """The gateway on Streamable HTTP in front of server-everything; returns it and its URL."""
-    proc = subprocess.Popen(
+    return start_listening(
         [gateway, "serve", "--listen", "127.0.0.1:0", "--store", f"{store_dir}/http.idem",
-         "--", "node", *everything],
-        stderr=subprocess.PIPE, text=True,
-    )
-    url = None
-    for line in proc.stderr:
-        if "listening on " in line:
-            url = line.split("listening on ", 1)[1].strip()
-            break
-    assert url, f"the gateway did not listen (exit {proc.poll()})"
-    threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()
-    return proc, url
+         "--", "node", *everything])
 
 
 def http(url):

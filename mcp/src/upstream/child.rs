@@ -2,9 +2,9 @@
 //! stdin and stdout (the stdio transport of the MCP specification). The child inherits the
 //! environment and stderr, and is killed if the gateway ends first.
 
+use crate::lines::{read_lines, write_lines};
 use crate::link::{self, Ending, Link, Peer};
-use serde_json::Value;
-use tokio::io::{AsyncBufReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::io::BufReader;
 use tokio::process::Command;
 
 /// Starts `command` (with `env` added to the inherited environment) and links to it. The link
@@ -37,18 +37,10 @@ pub(crate) fn start(command: &[String], env: &[(String, String)]) -> std::io::Re
     } = peer;
     let writer = tokio::spawn(write_lines(outgoing, stdin));
     tokio::spawn(async move {
-        let mut lines = BufReader::new(stdout).lines();
-        while let Ok(Some(line)) = lines.next_line().await {
-            if line.trim().is_empty() {
-                continue;
-            }
-            match serde_json::from_str::<Value>(&line) {
-                Ok(message) => {
-                    let _ = incoming.send(message);
-                }
-                Err(e) => eprintln!("idemdb-mcp: the upstream sent a line that is not JSON ({e})"),
-            }
-        }
+        read_lines(BufReader::new(stdout), &incoming, |e| {
+            eprintln!("idemdb-mcp: the upstream sent a line that is not JSON ({e})")
+        })
+        .await;
         writer.abort();
         let ending = match child.wait().await {
             Ok(status) => Ending::new(
@@ -64,19 +56,4 @@ pub(crate) fn start(command: &[String], env: &[(String, String)]) -> std::io::Re
         let _ = ended.send(ending);
     });
     Ok(link)
-}
-
-/// Writes each message as one line, flushing after each, until the channel closes (then the
-/// writer is dropped: a child's stdin closes).
-pub(crate) async fn write_lines(
-    mut messages: tokio::sync::mpsc::UnboundedReceiver<Value>,
-    mut out: impl AsyncWrite + Unpin,
-) {
-    while let Some(message) = messages.recv().await {
-        let mut line = message.to_string();
-        line.push('\n');
-        if out.write_all(line.as_bytes()).await.is_err() || out.flush().await.is_err() {
-            return;
-        }
-    }
 }
