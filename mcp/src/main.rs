@@ -1,5 +1,5 @@
 //! `idemdb-mcp`: an MCP gateway in front of upstream MCP servers, making agents' tool calls
-//! effectively-once with keys the harness gives (issue 29).
+//! effectively-once with keys the harness gives ([docs/mcp.md](../../docs/mcp.md)).
 //!
 //! The parts, each a file or folder:
 //!
