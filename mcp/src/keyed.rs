@@ -243,13 +243,17 @@ fn result_reply(
         Ok(bytes) | Err(bytes) => bytes,
     };
     let mut result: Value = serde_json::from_slice(bytes).unwrap_or_else(|_| json!({}));
-    if !result["_meta"].is_object() {
-        result["_meta"] = json!({});
-    }
-    result["_meta"][KEY] = json!(key.as_str());
-    if let Some(changed) = replay {
-        result["_meta"][REPLAYED] = json!(true);
-        result["_meta"][ARGUMENTS_CHANGED] = json!(changed);
+    // A result that is not an object (no tool's answer should be) is passed on as it came.
+    if let Some(object) = result.as_object_mut() {
+        let meta = object.entry("_meta").or_insert_with(|| json!({}));
+        if !meta.is_object() {
+            *meta = json!({});
+        }
+        meta[KEY] = json!(key.as_str());
+        if let Some(changed) = replay {
+            meta[REPLAYED] = json!(true);
+            meta[ARGUMENTS_CHANGED] = json!(changed);
+        }
     }
     json!({"jsonrpc": "2.0", "id": id, "result": result})
 }
@@ -261,6 +265,35 @@ fn error_reply(id: &Value, code: i64, message: &str, data: Value) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An upstream's result that is not an object (a string, an array, null) panicked the
+    /// keyed reply, which wrote `_meta` into it: the call was never answered. It is passed on
+    /// as it came; an object gets the key (and the replay's marks) in its `_meta`.
+    #[test]
+    fn a_result_of_any_shape_is_answered_never_a_panic() {
+        let key = ToolCallKey::new("t", 1, "x");
+        for stored in [
+            json!("text"),
+            json!([1, 2]),
+            json!(null),
+            json!(7),
+            json!({"_meta": 5}),
+        ] {
+            let bytes = stored.to_string().into_bytes();
+            for replay in [None, Some(true)] {
+                let reply = result_reply(&json!(1), &Ok(bytes.clone()), &key, replay);
+                if stored.is_object() {
+                    assert_eq!(reply["result"]["_meta"][KEY], key.as_str(), "{reply}");
+                    assert_eq!(
+                        reply["result"]["_meta"].get(REPLAYED).is_some(),
+                        replay.is_some()
+                    );
+                } else {
+                    assert_eq!(reply["result"], stored, "{reply}");
+                }
+            }
+        }
+    }
 
     #[test]
     fn keys_come_from_the_harness_meta_never_from_the_arguments() {

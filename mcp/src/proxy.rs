@@ -21,6 +21,16 @@ use tokio::sync::Notify;
 
 use crate::message::UPSTREAM_GONE;
 
+/// A keyed call's end, counted when dropped.
+struct Settled<'a>(&'a Proxy);
+
+impl Drop for Settled<'_> {
+    fn drop(&mut self) {
+        self.0.keyed_in_flight.fetch_sub(1, Ordering::AcqRel);
+        self.0.keyed_settled.notify_one();
+    }
+}
+
 /// One client, one server, and the requests in flight between them.
 pub(crate) struct Proxy {
     upstream: UnboundedSender<Value>,
@@ -193,6 +203,8 @@ impl Proxy {
         let proxy = Arc::clone(self);
         self.keyed_in_flight.fetch_add(1, Ordering::AcqRel);
         tokio::task::spawn_blocking(move || {
+            // Settled however this ends, a panic included: a session waits for it to end.
+            let _settled = Settled(&proxy);
             let params = message["params"].clone();
             let started = std::time::Instant::now();
             let forward = |key: &str, attempt: &idemdb::Attempt| {
@@ -224,8 +236,6 @@ impl Proxy {
             let waited = (counted != Counted::Executed).then(|| started.elapsed());
             report::count_keyed(counted, &proxy.tenant, &key, waited);
             let _ = proxy.downstream.send(reply);
-            proxy.keyed_in_flight.fetch_sub(1, Ordering::AcqRel);
-            proxy.keyed_settled.notify_one();
         });
     }
 
