@@ -20,6 +20,8 @@
 
 mod args;
 mod config;
+#[cfg(test)]
+mod hostile;
 mod http;
 mod keyed;
 mod lines;
