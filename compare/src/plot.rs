@@ -133,7 +133,8 @@ struct Point {
 }
 
 impl Point {
-    /// Whether the point is on its system's line (threads of one process).
+    /// Whether the point is on its system's line (threads of one process); tokio tasks (`Nt`)
+    /// and several processes (`PxC`) are squares of their own.
     fn on_line(&self) -> bool {
         matches!(self.callers, Callers::Threads(_))
     }
