@@ -2,11 +2,14 @@
 //! after a fresh load and after simulated days of churn with purges. Prints one table.
 //!
 //! `cargo bench --bench churn` (1 million live records, about 2 minutes and 2 GB of disk), or
-//! `IDEMDB_CHURN_KEYS=10000000 cargo bench --bench churn`. The store is made anew in
+//! `IDEMDB_CHURN_KEYS=10000000 cargo bench --bench churn`. `IDEMDB_CHURN_RESPONSE=charge`
+//! stores payment API responses instead of the 256-byte ones: each a charge object of 1-4 KB of
+//! JSON of its own (`idemdb::simulation::charge`, seeded by the request's number; 2.5 KB on
+//! average, so about ten times the disk). The store is made anew in
 //! `IDEMDB_BENCH_DIR` (or `CARGO_TARGET_TMPDIR`) as `churn-<N>.idem` and deleted at the end.
 //!
 //! A manual clock drives a 24 h TTL. Day 1 loads N requests (claim, then complete with a
-//! 256-byte response; keys of 36 characters, the length of a UUID, over 4 tenants) in 96
+//! 256-byte response, or a charge; keys of 36 characters, the length of a UUID, over 4 tenants) in 96
 //! steps of 15 simulated minutes. Days 2 and 3 add N new requests a day the same way, and every
 //! step purges what expired, so the store holds about N live records throughout, each written
 //! once and deleted a day later: a service at steady state. A row is printed at the end of each
@@ -15,6 +18,7 @@
 //! purges (each deletes a step's worth, N/96 records). The last line times a purge that finds
 //! nothing due: the pass over the index every purge makes.
 
+use idemdb::simulation::charge;
 use idemdb::{Fingerprint, ManualClock, Scope, Store};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -35,6 +39,19 @@ fn main() {
     let dir = std::env::var_os("IDEMDB_BENCH_DIR")
         .or_else(|| std::env::var_os("CARGO_TARGET_TMPDIR"))
         .map_or_else(std::env::temp_dir, PathBuf::from);
+    type Shape = (fn(u64) -> common::Request, &'static str);
+    let (request, responses): Shape = match std::env::var("IDEMDB_CHURN_RESPONSE").as_deref() {
+        Err(_) | Ok("fixed") => (
+            |i| (scope(i), key(i), fingerprint(i), body(i)),
+            "256 bytes each (IDEMDB_CHURN_RESPONSE=fixed)",
+        ),
+        Ok("charge") => (
+            |i| (scope(i), key(i), fingerprint(i), charge_body(i)),
+            "a 1-4 KB JSON charge each (IDEMDB_CHURN_RESPONSE=charge)",
+        ),
+        Ok(other) => panic!("IDEMDB_CHURN_RESPONSE: fixed or charge, not {other:?}"),
+    };
+    println!("{n} live records, responses: {responses}");
     let path = dir.join(format!("churn-{n}.idem"));
     let journal = common::journal_path(&path);
     remove(&path);
@@ -66,9 +83,7 @@ fn main() {
         for _ in 0..STEPS_PER_DAY {
             let from = next;
             next += per_step;
-            common::claim_and_complete(&store, from..next, IN_FLIGHT, |i| {
-                (scope(i), key(i), fingerprint(i), body(i))
-            });
+            common::claim_and_complete(&store, from..next, IN_FLIGHT, request);
             clock.advance(step);
             if day > 1 {
                 let lap = Instant::now();
@@ -99,16 +114,17 @@ fn main() {
     }
     let lap = Instant::now();
     let none = store.purge_expired().expect("purge");
+    let live = store.record_count().expect("count");
     println!(
-        "a purge with nothing due ({none} purged) over {} live records: {:.1} ms",
-        store.record_count().expect("count"),
+        "a purge with nothing due ({none} purged) over {live} live records: {:.1} ms",
         lap.elapsed().as_secs_f64() * 1e3
     );
     drop(store);
+    let (store_bytes, journal_bytes) = (file_len(&path), file_len(&journal));
     println!(
-        "after a clean close: store file {} bytes, journal {} bytes",
-        file_len(&path),
-        file_len(&journal)
+        "after a clean close: store file {store_bytes} bytes, journal {journal_bytes} bytes, \
+         {} file bytes per live record",
+        (store_bytes + journal_bytes) / live.max(1)
     );
     remove(&path);
     remove(&journal);
@@ -140,6 +156,11 @@ fn body(i: u64) -> Vec<u8> {
     let mut b = SplitMix64::new(0xb0d7).ascii(RESPONSE_LEN).into_bytes();
     b[..8].copy_from_slice(&i.to_le_bytes());
     b
+}
+
+/// Request `i`'s charge: 1-4 KB of JSON, fixed by `i`.
+fn charge_body(i: u64) -> Vec<u8> {
+    charge(&mut SplitMix64::derive(0xc4a6, i, 0)).into_bytes()
 }
 
 fn file_len(path: &Path) -> u64 {

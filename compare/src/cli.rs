@@ -25,7 +25,7 @@ pub struct Args {
         value_parser = systems
     )]
     pub systems: std::vec::Vec<Kind>,
-    /// Workloads to run, any of claim, cycle
+    /// Workloads to run, any of claim, cycle, charge (cycle with 1-4 KB JSON charges)
     #[arg(long, value_name = "LIST", default_value = "claim,cycle", value_parser = workloads)]
     pub workloads: std::vec::Vec<Workload>,
     /// Caller threads per cell; PxC: P harness processes of C caller threads each, on one
@@ -184,7 +184,7 @@ mod tests {
     fn defaults() {
         let a = parse(&[]).unwrap();
         assert_eq!(a.systems, Kind::ALL.to_vec());
-        assert_eq!(a.workloads, Workload::ALL.to_vec());
+        assert_eq!(a.workloads, [Workload::Claim, Workload::Cycle]);
         assert_eq!(a.callers, [1, 4, 16, 64, 256].map(Callers::Threads));
         assert_eq!(a.keys, vec![100_000]);
         assert!((a.seconds - 3.0).abs() < f64::EPSILON);
@@ -282,6 +282,10 @@ mod tests {
         assert_eq!(
             parse(&["--workloads", "cycle,claim"]).unwrap().workloads,
             vec![Workload::Cycle, Workload::Claim]
+        );
+        assert_eq!(
+            parse(&["--workloads", "charge,cycle"]).unwrap().workloads,
+            vec![Workload::Charge, Workload::Cycle]
         );
         assert_eq!(
             parse(&["--workloads= cycle "]).unwrap().workloads,

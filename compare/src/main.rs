@@ -10,6 +10,7 @@ mod processes;
 mod report;
 mod runner;
 mod systems;
+mod tasks;
 mod workload;
 
 use clap::Parser as _;
@@ -90,6 +91,7 @@ fn measure_cell(
             (attempt as u64 * 4 + workload_index as u64 + 1) * 1_000_000 + spec.callers.tag();
         let outcome = match spec.callers {
             Callers::Threads(_) => runner::run(ctx.system, spec, cell, ctx.device),
+            Callers::Tasks(_) => tasks::run(ctx.system, spec, cell, ctx.device),
             Callers::Processes { .. } => {
                 processes::run(ctx.system, ctx.launch, spec, cell, ctx.device)
             }
@@ -267,29 +269,30 @@ fn run(args: &Args) -> systems::Result<()> {
         for &kind in &args.systems {
             let callers: Vec<Callers> = if kind.single_caller() {
                 vec![Callers::Threads(1)]
-            } else if kind.shared() {
-                args.callers.clone()
             } else {
-                let (one, several): (Vec<Callers>, Vec<Callers>) = args
-                    .callers
-                    .iter()
-                    .partition(|c| matches!(c, Callers::Threads(_)));
-                if !several.is_empty() {
+                let mut skipped: Vec<(&str, Vec<String>)> = Vec::new();
+                let mut runs = Vec::new();
+                for &c in &args.callers {
+                    match kind.runs(c) {
+                        Ok(()) => runs.push(c),
+                        Err(why) => match skipped.iter_mut().find(|(w, _)| *w == why) {
+                            Some((_, layouts)) => layouts.push(c.to_string()),
+                            None => skipped.push((why, vec![c.to_string()])),
+                        },
+                    }
+                }
+                for (why, layouts) in skipped {
                     let note = format!(
-                        "{}: {} callers skipped: a file store can only be opened by one process",
+                        "{}: {} callers skipped: {why}",
                         kind.name(),
-                        several
-                            .iter()
-                            .map(ToString::to_string)
-                            .collect::<Vec<_>>()
-                            .join(", ")
+                        layouts.join(", ")
                     );
                     eprintln!("{note}");
                     if !notes.contains(&note) {
                         notes.push(note);
                     }
                 }
-                one
+                runs
             };
             if callers.is_empty() {
                 continue;
@@ -476,10 +479,17 @@ impl Finished {
                 if group.is_empty() {
                     continue;
                 }
-                let cycle = workload == Workload::Cycle;
+                let cycle = workload.completes();
                 let (title, y_label) = if cycle {
+                    let responses = match workload {
+                        Workload::Charge => "1-4 KB JSON charges",
+                        _ => "fixed responses",
+                    };
                     (
-                        format!("claim + complete: latency vs throughput, {keys} preloaded keys"),
+                        format!(
+                            "claim + complete ({responses}): latency vs throughput, \
+                             {keys} preloaded keys"
+                        ),
                         "claim+complete latency, p50 (log scale)",
                     )
                 } else {

@@ -133,7 +133,8 @@ struct Point {
 }
 
 impl Point {
-    /// Whether the point is on its system's line (threads of one process).
+    /// Whether the point is on its system's line (threads of one process); tokio tasks (`Nt`)
+    /// and several processes (`PxC`) are squares of their own.
     fn on_line(&self) -> bool {
         matches!(self.callers, Callers::Threads(_))
     }
@@ -311,11 +312,13 @@ pub fn svg(title: &str, y_label: &str, rows: &[Row], cycle: bool) -> String {
     if all().any(|p| !p.on_line()) {
         let _ = writeln!(
             out,
-            r#"<text x="{}" y="{}" font-size="10">squares, off the lines:</text><text x="{}" y="{}" font-size="10">PxC = P processes x C callers</text>"#,
+            r#"<text x="{}" y="{}" font-size="10">squares, off the lines:</text><text x="{}" y="{}" font-size="10">PxC = P processes x C callers</text><text x="{}" y="{}" font-size="10">Nt = N tokio tasks, async API</text>"#,
             x1 + 20.0,
             notes_y + 28.0,
             x1 + 20.0,
-            notes_y + 42.0
+            notes_y + 42.0,
+            x1 + 20.0,
+            notes_y + 56.0
         );
     }
     out.push_str("</svg>\n");
@@ -425,6 +428,7 @@ mod tests {
             row(Callers::Threads(1), 10.0),
             row(multi, 50.0),
             row(Callers::Threads(64), 40.0),
+            row(Callers::Tasks(64), 45.0),
         ];
         let s = svg("t", "lat", &rows, false);
         let line = s.lines().find(|l| l.starts_with("<polyline")).unwrap();
@@ -433,8 +437,10 @@ mod tests {
             2,
             "two points on the line: {line}"
         );
-        assert_eq!(s.matches("class=\"multi\"").count(), 1);
+        assert_eq!(s.matches("class=\"multi\"").count(), 2);
         assert!(s.contains(">4x16</text>"));
+        assert!(s.contains(">64t</text>"));
+        assert!(s.contains("Nt = N tokio tasks, async API"));
         assert!(s.contains("PxC = P processes x C callers"));
         // A system with only a multi-process cell: a square, no line.
         let s = svg("t", "lat", &rows[1..2], false);

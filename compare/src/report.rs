@@ -170,8 +170,10 @@ cpu_us/op: busy CPU time of the whole machine per request (/proc/stat): the harn
 own_us/op: CPU time per request of the harness process (and its child processes in a PxC
   cell) and the postgres/redis processes only (/proc/PID/stat); kernel threads doing their I/O
   are not in it.
-callers: N caller threads in the harness process, or PxC: P harness processes of C caller
-  threads each, measuring the one shared server at once.
+callers: N caller threads in the harness process (blocking API); Nt: N tokio tasks on a
+  multi-thread runtime in the harness process (idemdb's async API); or PxC: P harness processes
+  of C caller threads each, measuring the one shared server at once.
+work: claim, cycle (claim + complete), charge (cycle with 1-4 KB JSON charges as responses).
 other%: share of the machine's CPU busy with anything else (machine-wide minus own) during the
   window; a row with a high figure was measured next to other work and is suspect.
 fsync/op: the system's own commit count per request (idemdb's commit_batches), where it has one.";
@@ -233,8 +235,9 @@ fn find<'a>(
     })
 }
 
-/// idemdb's claim throughput over each peer's, per key count and caller count; idemdb's
-/// 1-caller claim p50 over the fsync floor's and SQLite's.
+/// idemdb's throughput over each peer's, per key count, workload and caller count; idemdb's
+/// 1-caller claim p50 over the fsync floor's and SQLite's; each idemdb system's tokio tasks
+/// (`Nt`) over its threads (`N`).
 pub fn ratios(rows: &[Row], peers: &[&str]) -> String {
     let mut out = String::new();
     let mut keys: Vec<u64> = rows.iter().map(|r| r.keys).collect();
@@ -242,15 +245,24 @@ pub fn ratios(rows: &[Row], peers: &[&str]) -> String {
     let mut callers: Vec<Callers> = rows.iter().map(|r| r.callers).collect();
     callers.sort_unstable();
     callers.dedup();
+    let mut workloads: Vec<&str> = Vec::new();
+    for r in rows {
+        if !workloads.contains(&r.workload) {
+            workloads.push(r.workload);
+        }
+    }
     for &k in &keys {
-        for &c in &callers {
-            let Some(idem) = find(rows, "idemdb", k, "claim", c) else {
+        for (&w, &c) in workloads
+            .iter()
+            .flat_map(|w| callers.iter().map(move |c| (w, c)))
+        {
+            let Some(idem) = find(rows, "idemdb", k, w, c) else {
                 continue;
             };
             let parts: Vec<String> = peers
                 .iter()
                 .filter_map(|p| {
-                    let peer = find(rows, p, k, "claim", c)?;
+                    let peer = find(rows, p, k, w, c)?;
                     (peer.throughput > 0.0)
                         .then(|| format!("/{p} {:.2}x", idem.throughput / peer.throughput))
                 })
@@ -258,8 +270,31 @@ pub fn ratios(rows: &[Row], peers: &[&str]) -> String {
             if !parts.is_empty() {
                 let _ = writeln!(
                     out,
-                    "keys {k}, {c} callers, claim throughput: idemdb {}",
+                    "keys {k}, {c} callers, {w} throughput: idemdb {}",
                     parts.join(", ")
+                );
+            }
+        }
+        for tasks in rows.iter().filter(|r| r.keys == k) {
+            let Callers::Tasks(n) = tasks.callers else {
+                continue;
+            };
+            let Some(threads) = find(rows, tasks.system, k, tasks.workload, Callers::Threads(n))
+            else {
+                continue;
+            };
+            let p50 = |r: &Row| r.cycle_us.or(r.claim_us).map(|v| v[0]);
+            let latency = match (p50(tasks), p50(threads)) {
+                (Some(a), Some(b)) if b > 0.0 => format!(", p50 {a:.0} us / {b:.0} us"),
+                _ => String::new(),
+            };
+            if threads.throughput > 0.0 {
+                let _ = writeln!(
+                    out,
+                    "keys {k}, {} {}: {n} tokio tasks / {n} threads: throughput {:.2}x{latency}",
+                    tasks.system,
+                    tasks.workload,
+                    tasks.throughput / threads.throughput
                 );
             }
         }
@@ -374,6 +409,48 @@ mod tests {
         // Without idemdb in a layout, no line for it.
         let text = ratios(&rows[1..4], &["postgres", "redis"]);
         assert!(text.is_empty(), "{text}");
+    }
+
+    #[test]
+    fn tasks_are_compared_with_threads_of_the_same_system_and_workload() {
+        let tasks = Row {
+            callers: Callers::Tasks(64),
+            workload: "cycle",
+            cycle_us: Some([600.0, 900.0, 1000.0]),
+            ..row("idemdb-postgres", 0, 3000.0, 300.0)
+        };
+        let threads = Row {
+            workload: "cycle",
+            cycle_us: Some([800.0, 900.0, 1000.0]),
+            ..row("idemdb-postgres", 64, 2000.0, 400.0)
+        };
+        let redis = Row {
+            workload: "cycle",
+            ..row("redis", 64, 1000.0, 400.0)
+        };
+        let idem = Row {
+            workload: "cycle",
+            ..row("idemdb", 64, 2500.0, 400.0)
+        };
+        let text = ratios(&[tasks.clone(), threads, redis, idem], &["redis"]);
+        assert!(
+            text.contains(
+                "keys 10, idemdb-postgres cycle: 64 tokio tasks / 64 threads: throughput 1.50x, \
+                 p50 600 us / 800 us\n"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("keys 10, 64 callers, cycle throughput: idemdb /redis 2.50x\n"));
+        // Without the threads' row, no line for the tasks.
+        assert!(ratios(&[tasks], &["redis"]).is_empty());
+        assert_eq!(
+            table_row(&Row {
+                callers: Callers::Tasks(256),
+                ..row("idemdb", 0, 1.0, 1.0)
+            })
+            .len(),
+            header().lines().next().unwrap().len()
+        );
     }
 
     #[test]

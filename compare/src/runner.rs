@@ -5,7 +5,7 @@
 
 use crate::measure::{self, Device, DiskStats};
 use crate::systems::{fail, Result, System};
-use crate::workload::{Requests, Rng};
+use crate::workload::{Request, Requests, Rng};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Barrier, OnceLock};
 use std::time::{Duration, Instant};
@@ -17,17 +17,34 @@ pub enum Workload {
     Claim,
     /// Claim a new key, then complete it with the response.
     Cycle,
+    /// As `Cycle`, each response a charge of 1-4 KB of JSON of its own, as payment APIs answer
+    /// (`idemdb::simulation::charge`), drawn outside the timed part.
+    Charge,
 }
 
 impl Workload {
-    /// Both, in the order they run.
-    pub const ALL: [Workload; 2] = [Workload::Claim, Workload::Cycle];
+    /// Every workload, in the order they run.
+    pub const ALL: [Workload; 3] = [Workload::Claim, Workload::Cycle, Workload::Charge];
 
     /// The name used on the command line and in the outputs.
     pub fn name(self) -> &'static str {
         match self {
             Workload::Claim => "claim",
             Workload::Cycle => "cycle",
+            Workload::Charge => "charge",
+        }
+    }
+
+    /// Whether each request completes its claim (and so has a whole-request latency).
+    pub fn completes(self) -> bool {
+        matches!(self, Workload::Cycle | Workload::Charge)
+    }
+
+    /// The next request of this workload from `requests`.
+    pub fn next_request(self, requests: &mut Requests) -> Request {
+        match self {
+            Workload::Claim | Workload::Cycle => requests.next_request(),
+            Workload::Charge => requests.next_request_with_charge(),
         }
     }
 
@@ -37,11 +54,15 @@ impl Workload {
     }
 }
 
-/// How a cell's callers are laid out: threads of the harness process, or several processes.
+/// How a cell's callers are laid out: threads of the harness process, tokio tasks on the async
+/// API, or several processes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Callers {
-    /// `N`: N caller threads in the harness process.
+    /// `N`: N caller threads in the harness process, on the blocking API.
     Threads(usize),
+    /// `Nt`: N tokio tasks on a multi-thread runtime in the harness process, on the async API
+    /// (idemdb and idemdb-postgres only; see `tasks.rs`).
+    Tasks(usize),
     /// `PxC`: P child processes of the harness, C caller threads each, all on one server.
     Processes {
         /// Child processes.
@@ -52,7 +73,7 @@ pub enum Callers {
 }
 
 impl Callers {
-    /// `64` or `4x16`; both numbers 1 or more.
+    /// `64`, `64t` or `4x16`; every number 1 or more.
     pub fn parse(s: &str) -> Option<Callers> {
         let count = |s: &str| {
             s.bytes()
@@ -61,6 +82,9 @@ impl Callers {
                 .flatten()
                 .filter(|&n| n > 0)
         };
+        if let Some(tasks) = s.strip_suffix('t') {
+            return count(tasks).map(Callers::Tasks);
+        }
         match s.split_once('x') {
             None => count(s).map(Callers::Threads),
             Some((p, c)) => Some(Callers::Processes {
@@ -73,16 +97,17 @@ impl Callers {
     /// Caller threads in all, over every process.
     pub fn total(self) -> usize {
         match self {
-            Callers::Threads(n) => n,
+            Callers::Threads(n) | Callers::Tasks(n) => n,
             Callers::Processes { processes, each } => processes * each,
         }
     }
 
-    /// The part of a cell's number that tells the layouts apart (so that `64` and `4x16`, or
-    /// `16` and `1x16`, draw different keys).
+    /// The part of a cell's number that tells the layouts apart (so that `64`, `64t` and
+    /// `4x16`, or `16` and `1x16`, draw different keys).
     pub fn tag(self) -> u64 {
         match self {
             Callers::Threads(n) => n as u64,
+            Callers::Tasks(n) => (1 << 61) | n as u64,
             Callers::Processes { processes, each } => {
                 (1 << 62) | ((processes as u64) << 31) | each as u64
             }
@@ -90,11 +115,12 @@ impl Callers {
     }
 
     /// How layouts sort (in the ratios and along a plot's line): by callers in all, threads
-    /// of one process before the same number spread over processes.
-    fn order(self) -> (usize, usize) {
+    /// of one process, then tasks, then the same number spread over processes.
+    fn order(self) -> (usize, usize, usize) {
         match self {
-            Callers::Threads(n) => (n, 0),
-            Callers::Processes { processes, each } => (processes * each, processes),
+            Callers::Threads(n) => (n, 0, 0),
+            Callers::Tasks(n) => (n, 1, 0),
+            Callers::Processes { processes, each } => (processes * each, 2, processes),
         }
     }
 }
@@ -103,6 +129,7 @@ impl std::fmt::Display for Callers {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let text = match self {
             Callers::Threads(n) => n.to_string(),
+            Callers::Tasks(n) => format!("{n}t"),
             Callers::Processes { processes, each } => format!("{processes}x{each}"),
         };
         // Padded, so that table columns line up.
@@ -200,6 +227,40 @@ pub struct Recorded {
 }
 
 impl Recorded {
+    /// Empty, with room for one of `spec`'s callers at a generous rate (100 000 requests/s
+    /// over all of the cell's callers), so that pushes rarely reallocate inside the window.
+    pub fn for_caller(spec: &Spec) -> Recorded {
+        let per_caller =
+            (spec.window.as_secs_f64() * 100_000.0 / spec.callers.total() as f64) as usize + 1024;
+        let completes = if spec.workload.completes() {
+            per_caller
+        } else {
+            0
+        };
+        Recorded {
+            claim_ns: Vec::with_capacity(per_caller),
+            cycle_ns: Vec::with_capacity(completes),
+        }
+    }
+
+    /// Records one request that began at `began`, whose claim returned at `claimed` and which
+    /// ended at `done`, if it ended inside the window (`warm_end`, `end`]: counted by
+    /// completion time, so that slow requests straddling the window's start are not lost (that
+    /// would bias slow cells down). `completes`: whether the request completed its claim.
+    pub fn record(
+        &mut self,
+        (began, claimed, done): (Instant, Instant, Instant),
+        (warm_end, end): (Instant, Instant),
+        completes: bool,
+    ) {
+        if done > warm_end && done <= end {
+            self.claim_ns.push((claimed - began).as_nanos() as u64);
+            if completes {
+                self.cycle_ns.push((done - began).as_nanos() as u64);
+            }
+        }
+    }
+
     /// Adds `other`'s latencies to these.
     pub fn merge(&mut self, other: &Recorded) {
         self.claim_ns.extend_from_slice(&other.claim_ns);
@@ -241,10 +302,6 @@ pub fn drive<W>(
     let go = Barrier::new(share.threads + 1);
     let times: OnceLock<(Instant, Instant)> = OnceLock::new();
     let abort = AtomicBool::new(false);
-    // Room for a generous rate (over all of the cell's callers), so that pushes rarely
-    // reallocate inside the window.
-    let per_caller =
-        (spec.window.as_secs_f64() * 100_000.0 / spec.callers.total() as f64) as usize + 1024;
     let workload = spec.workload;
 
     std::thread::scope(|s| {
@@ -262,22 +319,16 @@ pub fn drive<W>(
                     let (warm_end, end) = *times.get().expect("set before go");
                     let stream = share.first_stream + t as u64;
                     let mut requests = Requests::new(Rng::derive(spec.seed, cell, stream));
-                    let mut rec = Recorded {
-                        claim_ns: Vec::with_capacity(per_caller),
-                        cycle_ns: Vec::with_capacity(match workload {
-                            Workload::Claim => 0,
-                            Workload::Cycle => per_caller,
-                        }),
-                    };
+                    let mut rec = Recorded::for_caller(spec);
                     while !abort.load(Ordering::Relaxed) {
-                        let req = requests.next_request();
+                        let req = workload.next_request(&mut requests);
                         let began = Instant::now();
                         if began >= end {
                             break;
                         }
                         let result = client.claim(&req).and_then(|()| {
                             let claimed = Instant::now();
-                            if workload == Workload::Cycle {
+                            if workload.completes() {
                                 client.complete(&req)?;
                             }
                             Ok(claimed)
@@ -290,14 +341,11 @@ pub fn drive<W>(
                             }
                         };
                         let done = Instant::now();
-                        // Counted by completion time, so that slow requests straddling
-                        // the window's start are not lost (that would bias slow cells down).
-                        if done > warm_end && done <= end {
-                            rec.claim_ns.push((claimed - began).as_nanos() as u64);
-                            if workload == Workload::Cycle {
-                                rec.cycle_ns.push((done - began).as_nanos() as u64);
-                            }
-                        }
+                        rec.record(
+                            (began, claimed, done),
+                            (warm_end, end),
+                            workload.completes(),
+                        );
                     }
                     Ok(rec)
                 })
@@ -397,9 +445,11 @@ mod tests {
                 each: 1
             })
         );
+        assert_eq!(Callers::parse("64t"), Some(Callers::Tasks(64)));
+        assert_eq!(Callers::parse("1t"), Some(Callers::Tasks(1)));
         for bad in [
             "0", "0x16", "4x0", "x16", "4x", "x", "", "4x16x2", "4X16", "-4x16", "+4", "4 x16",
-            "4x+16", "1.5",
+            "4x+16", "1.5", "0t", "t", "t64", "64tt", "4x16t", "64T",
         ] {
             assert_eq!(Callers::parse(bad), None, "{bad:?}");
         }
@@ -424,8 +474,13 @@ mod tests {
             .tag(),
             Callers::Threads(16).tag()
         );
+        assert_eq!(Callers::Tasks(64).to_string(), "64t");
+        assert_eq!(Callers::Tasks(64).total(), 64);
+        assert_ne!(Callers::Tasks(64).tag(), Callers::Threads(64).tag());
+        assert_ne!(Callers::Tasks(64).tag(), multi.tag());
         let mut v = [
             multi,
+            Callers::Tasks(64),
             Callers::Threads(64),
             Callers::Threads(1),
             Callers::Processes {
@@ -435,6 +490,6 @@ mod tests {
         ];
         v.sort();
         let names: Vec<String> = v.iter().map(ToString::to_string).collect();
-        assert_eq!(names, ["1", "64", "2x32", "4x16"]);
+        assert_eq!(names, ["1", "64", "64t", "2x32", "4x16"]);
     }
 }

@@ -1,5 +1,6 @@
 //! The workload every system runs: deterministic keys, request bodies and payloads.
 
+use idemdb::simulation::charge;
 use idemdb::Fingerprint;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -30,6 +31,9 @@ pub struct Request {
     pub key: String,
     /// The request body the fingerprint is taken of.
     pub body: Vec<u8>,
+    /// The response body its completion stores, where the workload draws one per request
+    /// (`charge`); `None`: the run's fixed body ([`Payload::response_body`]).
+    pub response_body: Option<Vec<u8>>,
 }
 
 impl Request {
@@ -55,12 +59,16 @@ const TENANT_NAMES: [&str; TENANTS] = ["tenant_0", "tenant_1", "tenant_2", "tena
 #[derive(Debug, Clone)]
 pub struct Requests {
     rng: Rng,
+    /// Draws the charges, apart from `rng`, so that a stream's keys are the same whichever
+    /// workload draws them.
+    charges: Rng,
 }
 
 impl Requests {
     /// The stream for one caller of one cell (or one preload), fixed by its seed.
     pub fn new(rng: Rng) -> Requests {
-        Requests { rng }
+        let charges = Rng::derive(rng.clone().next_u64(), 0xc4a6, 0);
+        Requests { rng, charges }
     }
 
     /// The next request: a fresh random key in a random tenant.
@@ -71,7 +79,20 @@ impl Requests {
         let customer = self.rng.below(100_000);
         let body = format!(r#"{{"amount":{amount},"currency":"usd","customer":"cus_{customer}"}}"#)
             .into_bytes();
-        Request { tenant, key, body }
+        Request {
+            tenant,
+            key,
+            body,
+            response_body: None,
+        }
+    }
+
+    /// The next request, with a charge of 1-4 KB of JSON of its own as its response
+    /// (`idemdb::simulation::charge`).
+    pub fn next_request_with_charge(&mut self) -> Request {
+        let mut req = self.next_request();
+        req.response_body = Some(charge(&mut self.charges).into_bytes());
+        req
     }
 }
 
@@ -106,8 +127,22 @@ impl Payload {
         meta
     }
 
-    /// The stored response: the status (2 bytes, big-endian), then the body.
-    pub fn response(&self) -> Vec<u8> {
+    /// The body `req`'s completion stores: its own, or the run's fixed one.
+    pub fn body<'a>(&'a self, req: &'a Request) -> &'a [u8] {
+        req.response_body.as_deref().unwrap_or(&self.response_body)
+    }
+
+    /// The stored response of `req`: the status (2 bytes, big-endian), then its body.
+    pub fn response(&self, req: &Request) -> Vec<u8> {
+        let body = self.body(req);
+        let mut out = Vec::with_capacity(2 + body.len());
+        out.extend_from_slice(&STATUS.to_be_bytes());
+        out.extend_from_slice(body);
+        out
+    }
+
+    /// The stored response of a preloaded record: the status, then the fixed body.
+    pub fn fixed_response(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(2 + self.response_body.len());
         out.extend_from_slice(&STATUS.to_be_bytes());
         out.extend_from_slice(&self.response_body);
@@ -118,7 +153,7 @@ impl Payload {
     pub fn completed_value(&self, req: &Request, fence: u64) -> Vec<u8> {
         let mut value = self.meta(req, fence);
         value[32] = b'C';
-        value.extend_from_slice(&self.response());
+        value.extend_from_slice(&self.response(req));
         value
     }
 }
@@ -143,6 +178,48 @@ mod tests {
         assert_ne!(a.key, c.key);
         assert_eq!(a.key.len(), KEY_LEN);
         assert!(a.key.bytes().all(|b| b.is_ascii_graphic()));
+    }
+
+    #[test]
+    fn charges_are_json_of_one_to_four_kilobytes_fixed_by_the_stream() {
+        let draw = |index| {
+            let mut requests = Requests::new(Rng::derive(7, 1, index));
+            (0..50)
+                .map(|_| requests.next_request_with_charge())
+                .collect::<Vec<_>>()
+        };
+        let (a, b, c) = (draw(2), draw(2), draw(3));
+        for (x, y) in a.iter().zip(&b) {
+            assert_eq!(x.key, y.key);
+            assert_eq!(x.response_body, y.response_body);
+        }
+        assert_ne!(a[0].response_body, c[0].response_body);
+        let mut sizes = Vec::new();
+        for req in &a {
+            let body = req.response_body.as_deref().expect("a charge");
+            sizes.push(body.len());
+            assert!((1024..=4096).contains(&body.len()), "{} bytes", body.len());
+            let charge: serde_json::Value = serde_json::from_slice(body).expect("valid JSON");
+            assert_eq!(charge["object"], "charge");
+            assert!(charge["id"].as_str().unwrap().starts_with("ch_"));
+            assert!(charge["amount"].as_u64().unwrap() >= 50);
+            assert!(charge["created"].as_u64().unwrap() >= 1_700_000_000);
+            assert_eq!(charge["payment_method_details"]["type"], "card");
+            assert!(charge["payment_method_details"]["card"]["last4"].is_string());
+            assert!(charge["metadata"].is_object());
+            assert_eq!(charge["refunds"]["object"], "list");
+        }
+        assert!(sizes.iter().any(|&n| n < 2048) && sizes.iter().any(|&n| n > 3072));
+        // The charge's body is the one stored; the keys are those of the fixed workload.
+        let p = Payload::new(1, 256);
+        assert_eq!(p.body(&a[0]), a[0].response_body.as_deref().unwrap());
+        let plain = Requests::new(Rng::derive(7, 1, 2)).next_request();
+        assert_eq!(plain.key, a[0].key);
+        assert_eq!(p.body(&plain), p.response_body.as_slice());
+        assert_eq!(
+            p.response(&a[0]).len(),
+            2 + a[0].response_body.as_ref().unwrap().len()
+        );
     }
 
     #[test]

@@ -15,8 +15,10 @@
 //! ([`SimDisk::drop_cache`], `posix_fadvise(POSIX_FADV_DONTNEED)` on a real disk) makes reads
 //! see the disk again.
 
+mod charge;
 mod rng;
 
+pub use charge::{charge, CHARGE_MAX, CHARGE_MIN};
 pub use rng::{mix, SplitMix64};
 
 use crate::sync::{Arc, Mutex};

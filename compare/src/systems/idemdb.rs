@@ -3,7 +3,7 @@
 //! server with the default builder (a claim returns once PostgreSQL committed it; claims that
 //! queue up share one statement and one commit).
 
-use super::{fail, Client, Result, Setup, System};
+use super::{fail, Client, Pending, Result, Setup, System, TaskClient};
 use crate::executor;
 use crate::workload::{Payload, Request, ENDPOINT, STATUS, TENANTS};
 use idemdb::{Claim, Fingerprint, Response, Scope, Store, Ticket};
@@ -81,7 +81,9 @@ impl IdemdbSystem {
                 let fp = Fingerprint::of(&req.body);
                 match store.claim_async(&scopes[req.tenant], &req.key, fp).await? {
                     Claim::Acquired(ticket) => {
-                        store.complete_async(ticket, response(payload)).await?;
+                        store
+                            .complete_async(ticket, response(payload, &req))
+                            .await?;
                         Ok(())
                     }
                     other => fail(format!("idemdb preload: new key not acquired: {other:?}")),
@@ -114,14 +116,24 @@ fn drop_schema(url: &str, schema: &str) -> Result<()> {
     Ok(())
 }
 
-fn response(payload: &Payload) -> Response {
-    Response::new(STATUS, payload.response_body.clone())
+fn response(payload: &Payload, req: &Request) -> Response {
+    Response::new(STATUS, payload.body(req).to_vec())
 }
 
 impl System for IdemdbSystem {
     fn client(&self) -> Result<Box<dyn Client + '_>> {
         Ok(Box::new(IdemdbClient {
             system: self,
+            ticket: None,
+        }))
+    }
+
+    fn task_client(&self) -> Option<Box<dyn TaskClient>> {
+        Some(Box::new(IdemdbTaskClient {
+            store: self.store.clone(),
+            scopes: self.scopes.clone(),
+            payload: self.payload.clone(),
+            on_postgres: self.on_postgres(),
             ticket: None,
         }))
     }
@@ -176,13 +188,59 @@ impl Client for IdemdbClient<'_> {
         }
     }
 
-    fn complete(&mut self, _req: &Request) -> Result<()> {
+    fn complete(&mut self, req: &Request) -> Result<()> {
         let Some(ticket) = self.ticket.take() else {
             return fail("idemdb: complete without a claim");
         };
         self.system
             .store
-            .complete(ticket, response(&self.system.payload))?;
+            .complete(ticket, response(&self.system.payload, req))?;
         Ok(())
+    }
+}
+
+/// A tokio task's client: `claim_async` and `complete_async` on its own handle of the store,
+/// with the tickets kept and forgotten as [`IdemdbClient`] does.
+struct IdemdbTaskClient {
+    store: Store,
+    scopes: Vec<Scope>,
+    payload: Payload,
+    on_postgres: bool,
+    ticket: Option<Ticket>,
+}
+
+impl TaskClient for IdemdbTaskClient {
+    fn claim<'a>(&'a mut self, req: &'a Request) -> Pending<'a> {
+        Box::pin(async move {
+            let fp = Fingerprint::of(&req.body);
+            match self
+                .store
+                .claim_async(&self.scopes[req.tenant], &req.key, fp)
+                .await?
+            {
+                Claim::Acquired(ticket) => {
+                    if let Some(unspent) = self.ticket.replace(ticket) {
+                        if self.on_postgres {
+                            // As in `IdemdbClient::claim`.
+                            std::mem::forget(unspent);
+                        }
+                    }
+                    Ok(())
+                }
+                other => fail(format!("idemdb: new key not acquired: {other:?}")),
+            }
+        })
+    }
+
+    fn complete<'a>(&'a mut self, req: &'a Request) -> Pending<'a> {
+        Box::pin(async move {
+            let Some(ticket) = self.ticket.take() else {
+                return fail("idemdb: complete without a claim");
+            };
+            self.store
+                .complete_async(ticket, response(&self.payload, req))
+                .await?;
+            Ok(())
+        })
     }
 }

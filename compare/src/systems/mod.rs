@@ -9,8 +9,11 @@ mod redis;
 mod resp;
 mod sqlite;
 
+use crate::runner::Callers;
 use crate::workload::{Payload, Request, Requests, Rng};
+use std::future::Future;
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::time::{Duration, Instant};
 
 /// Every error the harness reports: a message, aborting the cell it happened in.
@@ -22,6 +25,12 @@ pub type Result<T> = std::result::Result<T, Error>;
 pub trait System: Sync {
     /// A new client with its own connection, used by one caller thread.
     fn client(&self) -> Result<Box<dyn Client + '_>>;
+
+    /// A new client on the system's async API, used by one tokio task (`--callers Nt`);
+    /// `None` where the system has no async API ([`Kind::async_api`]).
+    fn task_client(&self) -> Option<Box<dyn TaskClient>> {
+        None
+    }
 
     /// The system's own count of fsyncs (commits) so far, where it keeps one.
     fn fsyncs(&self) -> Option<u64> {
@@ -45,6 +54,19 @@ pub trait Client: Send {
     fn claim(&mut self, req: &Request) -> Result<()>;
     /// Completes the key this client claimed last, storing the response.
     fn complete(&mut self, req: &Request) -> Result<()>;
+}
+
+/// What a [`TaskClient`] method returns: its operation, to be awaited on a tokio runtime.
+pub type Pending<'a> = Pin<Box<dyn Future<Output = Result<()>> + Send + 'a>>;
+
+/// One caller task's client on the async API: as [`Client`], each method's future finishing
+/// only once its write is durable, and failing if the operation did not do what the workload
+/// expects. Owned (`'static`), so that a task of a multi-thread runtime can hold it.
+pub trait TaskClient: Send {
+    /// Claims a key that has never been claimed.
+    fn claim<'a>(&'a mut self, req: &'a Request) -> Pending<'a>;
+    /// Completes the key this client claimed last, storing the response.
+    fn complete<'a>(&'a mut self, req: &'a Request) -> Pending<'a>;
 }
 
 /// Which system; parsed from `--systems`.
@@ -106,6 +128,24 @@ impl Kind {
     /// can only be opened by one process.
     pub fn shared(self) -> bool {
         matches!(self, Kind::Postgres | Kind::IdemdbPostgres | Kind::Redis)
+    }
+
+    /// Whether the system has an async API for tokio tasks to call (`--callers Nt`), as
+    /// idemdb's HTTP layer and MCP gateway call it.
+    pub fn async_api(self) -> bool {
+        matches!(self, Kind::Idemdb | Kind::IdemdbPostgres)
+    }
+
+    /// Whether the system runs cells of this caller layout; if not, why not.
+    pub fn runs(self, callers: Callers) -> std::result::Result<(), &'static str> {
+        match callers {
+            Callers::Threads(_) => Ok(()),
+            Callers::Processes { .. } if !self.shared() => {
+                Err("a file store can only be opened by one process")
+            }
+            Callers::Tasks(_) if !self.async_api() => Err("no async API for tokio tasks"),
+            Callers::Processes { .. } | Callers::Tasks(_) => Ok(()),
+        }
     }
 }
 
@@ -196,6 +236,10 @@ impl System for Attached {
         self.0.client()
     }
 
+    fn task_client(&self) -> Option<Box<dyn TaskClient>> {
+        self.0.task_client()
+    }
+
     fn fsyncs(&self) -> Option<u64> {
         self.0.fsyncs()
     }
@@ -254,6 +298,28 @@ pub fn fail<T>(message: impl Into<String>) -> Result<T> {
 
 #[cfg(test)]
 mod tests {
+    use super::Kind;
+    use crate::runner::Callers;
+
+    #[test]
+    fn tasks_run_on_idemdb_only_and_processes_on_servers_only() {
+        let tasks = Callers::Tasks(64);
+        let processes = Callers::Processes {
+            processes: 4,
+            each: 16,
+        };
+        for kind in Kind::ALL {
+            assert_eq!(kind.runs(Callers::Threads(64)), Ok(()), "{kind:?}");
+            assert_eq!(kind.runs(tasks).is_ok(), kind.async_api(), "{kind:?}");
+            assert_eq!(kind.runs(processes).is_ok(), kind.shared(), "{kind:?}");
+        }
+        assert!(Kind::Idemdb.runs(tasks).is_ok() && Kind::IdemdbPostgres.runs(tasks).is_ok());
+        assert_eq!(Kind::Redis.runs(tasks), Err("no async API for tokio tasks"));
+        assert_eq!(
+            Kind::Idemdb.runs(processes),
+            Err("a file store can only be opened by one process")
+        );
+    }
     #[derive(Debug)]
     struct Outer(std::io::Error);
 

@@ -56,7 +56,7 @@ impl PostgresSystem {
         let mut client = connect(&url)?;
         client.batch_execute("DROP TABLE IF EXISTS claims")?;
         client.batch_execute(CREATE)?;
-        let response = hex(&setup.payload.response());
+        let response = hex(&setup.payload.fixed_response());
         let expires = now_ms() + TTL_MS;
         let mut requests = setup.preload_requests();
         let mut done = 0;
@@ -164,7 +164,7 @@ impl Client for PostgresClient<'_> {
 
     fn complete(&mut self, req: &Request) -> Result<()> {
         let expires = (now_ms() + TTL_MS) as i64;
-        let response = self.payload.response();
+        let response = self.payload.response(req);
         let changed = self.client.execute(
             &self.complete,
             &[&response, &expires, &req.tenant_name(), &ENDPOINT, &req.key],

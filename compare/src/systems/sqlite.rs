@@ -58,7 +58,7 @@ impl SqliteSystem {
         conn.execute_batch(CREATE)?;
         // A large page cache for the bulk load only; callers keep the default.
         conn.execute_batch("PRAGMA cache_size=-1048576;")?;
-        let response = setup.payload.response();
+        let response = setup.payload.fixed_response();
         let expires = (now_ms() + TTL_MS) as i64;
         let mut requests = setup.preload_requests();
         let mut done = 0;
@@ -136,7 +136,7 @@ impl Client for SqliteClient<'_> {
     fn complete(&mut self, req: &Request) -> Result<()> {
         let expires = (now_ms() + TTL_MS) as i64;
         let changed = self.conn.prepare_cached(COMPLETE)?.execute(params![
-            self.payload.response(),
+            self.payload.response(req),
             expires,
             req.tenant_name(),
             ENDPOINT,
