@@ -12,8 +12,8 @@ mod crash_model;
 
 use arbitrary::Arbitrary;
 use crash_model::{
-    crash_and_check_open, old_ticket_is_fenced_off, Id, Model, State, Step, Stop, ENDPOINTS,
-    KEYS, TENANTS,
+    crash_and_check_open, old_ticket_is_fenced_off, Id, Model, State, Step, Stop, ENDPOINTS, KEYS,
+    TENANTS,
 };
 use idemdb::simulation::{CrashImage, SimDisk};
 use idemdb::{Clock, EntryState, ManualClock, Store};
