@@ -123,14 +123,14 @@ pub(crate) fn simulated(
                 .set_check_integrity_on_open(check)
                 .create_with_backend(disk.backend())?)
         };
-        let file_bytes = disk.image().len() as u64;
+        let file_bytes = disk.image_len();
         let db = Guarded::new(open(SCAN_CACHE_BYTES, verify(&config) && file_bytes > 0)?);
         if file_bytes == 0 {
             layout::create(&db)?;
         }
         let journal = disk.journal_backend();
         let source = JournalSource {
-            existed: !disk.journal_image().is_empty(),
+            existed: disk.journal_len() > 0,
             capacity: config.journal_bytes.unwrap_or(SIMULATED_JOURNAL_BYTES),
             open: Box::new(move || Ok(Box::new(journal) as Box<dyn redb::StorageBackend>)),
         };

@@ -17,6 +17,8 @@
 
 mod charge;
 mod rng;
+#[cfg(test)]
+mod tests;
 
 pub use charge::{charge, CHARGE_MAX, CHARGE_MIN};
 pub use rng::{mix, SplitMix64};
@@ -143,6 +145,16 @@ impl SimDisk {
         self.0.lock().files[FileId::Journal as usize].live.clone()
     }
 
+    /// The database file's live length, without copying its image.
+    pub fn image_len(&self) -> u64 {
+        self.0.lock().files[FileId::Database as usize].live.len() as u64
+    }
+
+    /// The journal file's live length, without copying its image.
+    pub fn journal_len(&self) -> u64 {
+        self.0.lock().files[FileId::Journal as usize].live.len() as u64
+    }
+
     /// Writes, syncs and length changes issued so far.
     pub fn events(&self) -> u64 {
         self.0.lock().events
@@ -255,9 +267,12 @@ impl Image {
         image
     }
 
+    /// The writes a failed sync covered are dropped, the others applied to `durable` in place:
+    /// a sync costs what it writes, not the file's size.
     fn sync(&mut self) {
-        self.durable = self.cached_dirty_on_durable();
-        self.unsynced.clear();
+        for p in self.unsynced.drain(..).skip(self.failed) {
+            p.apply(&mut self.durable);
+        }
         self.failed = 0;
     }
 

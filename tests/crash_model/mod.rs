@@ -160,6 +160,8 @@ pub(crate) struct Model {
     pub tickets: Vec<(Id, Ticket)>,
     pub max_fence: u64,
     pub acknowledged: u64,
+    /// The journal size every open uses; `None`: the simulated disk's default.
+    pub journal_bytes: Option<u64>,
 }
 
 /// Why a workload stopped.
@@ -179,6 +181,7 @@ impl Model {
             tickets: Vec::new(),
             max_fence: 0,
             acknowledged: 0,
+            journal_bytes: None,
         }
     }
 
@@ -215,10 +218,14 @@ impl Model {
     }
 
     pub(crate) fn builder(&self) -> idemdb::StoreBuilder {
-        Store::builder()
+        let builder = Store::builder()
             .lease(LEASE)
             .ttl(TTL)
-            .clock(self.clock.clone())
+            .clock(self.clock.clone());
+        match self.journal_bytes {
+            Some(bytes) => builder.journal_size(bytes),
+            None => builder,
+        }
     }
 
     /// Runs `steps` until one fails for a reason other than a lost lease.
@@ -567,6 +574,16 @@ pub(crate) fn run_on(disk: &SimDisk, clock: ManualClock, steps: &[Step]) -> (Mod
 /// against `model`. Then checks that fences keep growing and that a pre-crash ticket is fenced
 /// off. Returns the number of keys checked.
 pub(crate) fn crash_and_check(disk: &SimDisk, image: CrashImage, model: &Model) -> usize {
+    crash_and_check_open(disk, image, model).0
+}
+
+/// [`crash_and_check`], returning the reopened store too, for checks that need no fresh
+/// reopen of their own.
+pub(crate) fn crash_and_check_open(
+    disk: &SimDisk,
+    image: CrashImage,
+    model: &Model,
+) -> (usize, Store) {
     disk.crash(image);
     match disk.redb_integrity() {
         Ok(true) => {}
@@ -588,7 +605,7 @@ pub(crate) fn crash_and_check(disk: &SimDisk, image: CrashImage, model: &Model) 
         ),
         other => panic!("fresh claim after reopen: {other:?}"),
     }
-    checked
+    (checked, store)
 }
 
 /// After a crash, a ticket from before it can change nothing.
