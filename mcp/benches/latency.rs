@@ -8,13 +8,13 @@
 //!
 //!     cargo bench -p idemdb-mcp --bench latency
 //!     IDEMDB_MCP_BENCH_CALLS=500 cargo bench -p idemdb-mcp --bench latency
-//!     # the same rows on PostgreSQL too (IDEMDB_PG_URL in keyword form):
+//!     # the same rows on PostgreSQL too (scripts/with-postgres sets IDEMDB_PG_STORE):
 //!     scripts/with-postgres cargo bench -p idemdb-mcp --features postgres --bench latency
 //!
 //! Rows: direct (client to tool server); through the gateway on a file store, unkeyed (passed
 //! through); keyed, a new step each call (claimed durably, forwarded, stored); keyed, the same
 //! step again (replayed from the store, never forwarded). With feature `postgres` and
-//! `IDEMDB_PG_URL` set, the three gateway rows again on PostgreSQL.
+//! `IDEMDB_PG_STORE` set (scripts/with-postgres), the three gateway rows again on PostgreSQL.
 
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Write};
@@ -235,26 +235,13 @@ fn run_id() -> String {
     format!("bench-{}-{}", std::process::id(), now.as_nanos())
 }
 
-/// `IDEMDB_PG_URL` (keyword form, as `scripts/with-postgres` sets it) as the `postgres://` URL
-/// `--store` takes; `None` without feature `postgres` or the variable.
+/// The `postgres://` store `scripts/with-postgres` names (`IDEMDB_PG_STORE`); `None` without
+/// feature `postgres` or the variable.
 fn postgres_url() -> Option<String> {
     if !cfg!(feature = "postgres") {
         return None;
     }
-    let keywords = std::env::var("IDEMDB_PG_URL").ok()?;
-    let field = |name: &str| {
-        keywords
-            .split_whitespace()
-            .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
-            .map(str::to_owned)
-    };
-    Some(format!(
-        "postgres://{}@{}:{}/{}",
-        field("user")?,
-        field("host")?,
-        field("port").unwrap_or_else(|| "5432".into()),
-        field("dbname")?
-    ))
+    std::env::var("IDEMDB_PG_STORE").ok()
 }
 
 fn cpu_model() -> String {

@@ -166,7 +166,7 @@ pub(crate) fn call(
             Counted::Replayed,
         ),
         Ok(Outcome::InProgress { retry_after }) => (
-            error_reply(
+            message::error_with(
                 id,
                 IN_PROGRESS,
                 "this step is in progress in another call (one lost with another gateway \
@@ -183,7 +183,7 @@ pub(crate) fn call(
             )
         }
         Ok(Outcome::Unresolved { .. }) => (
-            error_reply(
+            message::error_with(
                 id,
                 UNKNOWN_OUTCOME,
                 "the upstream ended while this step ran: whether its side effect happened is \
@@ -193,7 +193,7 @@ pub(crate) fn call(
             Counted::Unknown,
         ),
         Ok(Outcome::Orphaned) => (
-            error_reply(
+            message::error_with(
                 id,
                 UNKNOWN_OUTCOME,
                 "an earlier call of this step was lost mid-way (its upstream or gateway ended): \
@@ -204,7 +204,7 @@ pub(crate) fn call(
             Counted::Unknown,
         ),
         Ok(Outcome::Mismatch { .. }) => (
-            error_reply(
+            message::error_with(
                 id,
                 INVALID_PARAMS,
                 "this step's key was used with other arguments",
@@ -213,7 +213,7 @@ pub(crate) fn call(
             Counted::Refused,
         ),
         Ok(_) => (
-            error_reply(
+            message::error_with(
                 id,
                 STORE_FAILED,
                 "an outcome this gateway does not know",
@@ -222,7 +222,7 @@ pub(crate) fn call(
             Counted::Failed,
         ),
         Err(e) => (
-            error_reply(
+            message::error_with(
                 id,
                 STORE_FAILED,
                 &format!("the gateway's store failed: {e}"),
@@ -256,10 +256,6 @@ fn result_reply(
         }
     }
     json!({"jsonrpc": "2.0", "id": id, "result": result})
-}
-
-fn error_reply(id: &Value, code: i64, message: &str, data: Value) -> Value {
-    json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message, "data": data}})
 }
 
 #[cfg(test)]

@@ -47,6 +47,13 @@ pub(crate) fn error(id: &Value, code: i64, message: &str) -> Value {
     serde_json::json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}})
 }
 
+/// A JSON-RPC error response to `id`, with `data` saying more.
+pub(crate) fn error_with(id: &Value, code: i64, message: &str, data: Value) -> Value {
+    let mut response = error(id, code, message);
+    response["error"]["data"] = data;
+    response
+}
+
 /// The request a `notifications/cancelled` names (its `params.requestId`, as JSON text, the form
 /// the proxy's maps key ids by); `None` when its `params` is not an object with one.
 pub(crate) fn cancelled_request(notification: &Value) -> Option<String> {
@@ -67,8 +74,7 @@ const LOST: &str = "io.idemdb/lost";
 /// The error for a request that was sent to an upstream which then ended without answering:
 /// whether it acted is unknown.
 pub(crate) fn lost(id: &Value, why: &str) -> Value {
-    serde_json::json!({"jsonrpc": "2.0", "id": id, "error": {
-        "code": UPSTREAM_GONE, "message": why, "data": {LOST: true}}})
+    error_with(id, UPSTREAM_GONE, why, serde_json::json!({LOST: true}))
 }
 
 /// Whether `response` is [`lost`]'s.

@@ -507,6 +507,53 @@ mod tests {
         proxy.server_gone("the test ended");
     }
 
+    /// A keyed call whose upstream's link is already closed never reached it: it is answered
+    /// -32000 and its key released, so the retry through a live upstream runs the tool (it is
+    /// neither replayed nor told the outcome is unknown).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_keyed_call_that_never_reached_its_upstream_releases_its_key() {
+        let keying = Arc::new(Keying {
+            gateway: idemdb::agent::Gateway::builder(
+                idemdb::Store::builder()
+                    .stale_policy(idemdb::StalePolicy::Keep)
+                    .in_memory()
+                    .unwrap(),
+            )
+            .build(),
+            rules: Default::default(),
+            strict: false,
+        });
+        let call = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+            "name": "pay", "arguments": {}, "_meta": {"io.idemdb/task": "t", "io.idemdb/step": 1}}});
+
+        let (closed_tx, closed) = mpsc::unbounded_channel();
+        drop(closed);
+        let (down_tx, mut down) = mpsc::unbounded_channel();
+        let gone = Arc::new(Proxy::new(
+            closed_tx,
+            down_tx,
+            Some(Arc::clone(&keying)),
+            "t".into(),
+        ));
+        gone.client_sent(call.clone());
+        let refused = down.recv().await.unwrap();
+        assert_eq!(refused["error"]["code"], UPSTREAM_GONE, "{refused}");
+
+        let (up_tx, mut up) = mpsc::unbounded_channel();
+        let (down_tx, mut down) = mpsc::unbounded_channel();
+        let live = Arc::new(Proxy::new(up_tx, down_tx, Some(keying), "t".into()));
+        live.client_sent(call);
+        let forwarded = up.recv().await.expect("the retry reaches the upstream");
+        live.server_sent(
+            json!({"jsonrpc": "2.0", "id": forwarded["id"], "result": {"content": []}}),
+        );
+        let answered = down.recv().await.unwrap();
+        assert!(
+            answered["result"]["_meta"].get(keyed::REPLAYED).is_none(),
+            "{answered}"
+        );
+    }
+
     #[test]
     fn a_server_that_ends_fails_the_requests_in_flight() {
         let (up_tx, _up) = mpsc::unbounded_channel();

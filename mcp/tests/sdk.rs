@@ -122,30 +122,12 @@ fn the_typescript_sdks_client_gets_a_reworded_retry_replayed() {
     assert!(out.contains("1 side effect in the ledger"), "{out}");
 }
 
-/// `IDEMDB_PG_URL` (keyword form, as `scripts/with-postgres` gives it) as a `postgres://` URL.
-#[cfg(feature = "postgres")]
-fn postgres_url() -> String {
-    let url = std::env::var("IDEMDB_PG_URL")
-        .expect("IDEMDB_PG_URL is not set: run under scripts/with-postgres");
-    let field = |name: &str| {
-        url.split_whitespace()
-            .find_map(|kv| kv.strip_prefix(&format!("{name}=")))
-            .unwrap_or_else(|| panic!("IDEMDB_PG_URL has no {name}: {url}"))
-            .to_owned()
-    };
-    format!(
-        "postgres://{}@{}:{}/{}",
-        field("user"),
-        field("host"),
-        field("port"),
-        field("dbname")
-    )
-}
-
 #[cfg(feature = "postgres")]
 #[test]
 fn two_gateways_on_one_database_run_each_step_once_and_renew_their_leases() {
-    let (python, store) = (sdk("IDEMDB_MCP_PYTHON"), postgres_url());
+    let python = sdk("IDEMDB_MCP_PYTHON");
+    let store = std::env::var("IDEMDB_PG_STORE")
+        .expect("IDEMDB_PG_STORE is not set: run under scripts/with-postgres");
     let out = run(
         "two",
         &python,
