@@ -5,7 +5,8 @@
 //! `IDEMDB_CHURN_KEYS=10000000 cargo bench --bench churn`. `IDEMDB_CHURN_RESPONSE=charge`
 //! stores payment API responses instead of the 256-byte ones: each a charge object of 1-4 KB of
 //! JSON of its own (`idemdb::simulation::charge`, seeded by the request's number; 2.5 KB on
-//! average, so about ten times the disk). The store is made anew in
+//! average, so about ten times the disk). `IDEMDB_CHURN_COMPRESS=1` opens the store with
+//! `compress_responses(true)`. The store is made anew in
 //! `IDEMDB_BENCH_DIR` (or `CARGO_TARGET_TMPDIR`) as `churn-<N>.idem` and deleted at the end.
 //!
 //! A manual clock drives a 24 h TTL. Day 1 loads N requests (claim, then complete with a
@@ -51,7 +52,15 @@ fn main() {
         ),
         Ok(other) => panic!("IDEMDB_CHURN_RESPONSE: fixed or charge, not {other:?}"),
     };
-    println!("{n} live records, responses: {responses}");
+    let compress = std::env::var("IDEMDB_CHURN_COMPRESS").is_ok_and(|v| v == "1");
+    println!(
+        "{n} live records, responses: {responses}, {}",
+        if compress {
+            "compressed (IDEMDB_CHURN_COMPRESS=1)"
+        } else {
+            "not compressed"
+        }
+    );
     let path = dir.join(format!("churn-{n}.idem"));
     let journal = common::journal_path(&path);
     remove(&path);
@@ -60,6 +69,7 @@ fn main() {
     let store = Store::builder()
         .ttl(Duration::from_secs(24 * 3600))
         .clock(clock.clone())
+        .compress_responses(compress)
         .open(&path)
         .expect("open");
     let per_step = n.div_ceil(STEPS_PER_DAY);

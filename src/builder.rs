@@ -116,6 +116,38 @@ impl StoreBuilder {
         self
     }
 
+    /// Whether a store file writes completed responses compressed (lz4, block format), for
+    /// those whose encoding is at least 64 bytes and shrinks by at least 16. Default: off.
+    ///
+    /// Compression costs CPU on the completing thread and at each replay read from the file
+    /// (the replay cache holds responses decompressed), and saves file bytes, journal bytes and
+    /// the disk's writes in proportion to how well the responses compress: JSON objects of 1-4 KB
+    /// (`docs/performance.md`, "Compressed responses") shrink to about half. Each record says
+    /// whether its response is compressed (`docs/format.md`), so every build reads a store
+    /// whichever way it was written, and turning this on or off needs no change to the file.
+    /// A file store only: PostgreSQL compresses large values itself (TOAST).
+    ///
+    /// ```
+    /// use idemdb::{Claim, Fingerprint, Response, Scope, Store};
+    /// let dir = tempfile::tempdir()?;
+    /// let path = dir.path().join("s.idem");
+    /// let store = Store::builder().compress_responses(true).open(&path)?;
+    /// let scope = Scope::new("t", "POST /charges");
+    /// let body = r#"{"object":"charge","status":"succeeded"}"#.repeat(20);
+    /// let Claim::Acquired(t) = store.claim(&scope, "k", Fingerprint::of(b"x"))? else { panic!() };
+    /// store.complete(t, Response::new(200, body.clone()))?;
+    /// drop(store);
+    /// // Read back by a store that does not compress: the same bytes.
+    /// let store = Store::open(&path)?;
+    /// let Claim::Replay(r) = store.claim(&scope, "k", Fingerprint::of(b"x"))? else { panic!() };
+    /// assert_eq!(r.body(), body.as_bytes());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn compress_responses(mut self, on: bool) -> Self {
+        self.config.compress_responses = on;
+        self
+    }
+
     /// The number of index lock stripes. Default: 64.
     ///
     /// # Panics

@@ -89,6 +89,8 @@ pub(crate) struct Config {
     pub(crate) max_live_per_tenant: Option<u64>,
     /// The most bytes of records a claim of a new key may find (file engine only).
     pub(crate) max_store_bytes: Option<u64>,
+    /// Whether completed responses are written lz4-compressed (file engine only).
+    pub(crate) compress_responses: bool,
     /// The `store` label of the store's metrics and field of its spans; `None`: none.
     pub(crate) name: Option<String>,
     /// The store's instruments: inert until the store opens ([`crate::observe::Observer::attach`]).
@@ -117,6 +119,17 @@ pub(crate) struct Config {
     pub(crate) pool_mode: Option<crate::PoolMode>,
 }
 
+impl Config {
+    /// How a store file writes the responses of its completed records.
+    pub(crate) fn packing(&self) -> crate::file::record::Packing {
+        if self.compress_responses {
+            crate::file::record::Packing::Lz4
+        } else {
+            crate::file::record::Packing::Plain
+        }
+    }
+}
+
 impl Default for Config {
     fn default() -> Self {
         Config {
@@ -137,6 +150,7 @@ impl Default for Config {
             heal_set: false,
             max_live_per_tenant: None,
             max_store_bytes: None,
+            compress_responses: false,
             name: None,
             observer: crate::observe::Observer::default(),
             background_apply: true,

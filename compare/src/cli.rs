@@ -17,7 +17,8 @@ use std::path::PathBuf;
 #[derive(Debug, Clone, Parser)]
 #[command(name = "idemdb-compare", args_override_self = true)]
 pub struct Args {
-    /// Systems to run, any of idemdb, naive-redb, sqlite, postgres, redis, fsync-floor
+    /// Systems to run, any of idemdb, idemdb-lz4, naive-redb, sqlite, postgres,
+    /// idemdb-postgres, redis, fsync-floor (every one but idemdb-lz4 by default)
     #[arg(
         long,
         value_name = "LIST",
@@ -183,7 +184,8 @@ mod tests {
     #[test]
     fn defaults() {
         let a = parse(&[]).unwrap();
-        assert_eq!(a.systems, Kind::ALL.to_vec());
+        let all_but_lz4 = Kind::ALL.into_iter().filter(|&k| k != Kind::IdemdbLz4);
+        assert_eq!(a.systems, all_but_lz4.collect::<Vec<_>>());
         assert_eq!(a.workloads, [Workload::Claim, Workload::Cycle]);
         assert_eq!(a.callers, [1, 4, 16, 64, 256].map(Callers::Threads));
         assert_eq!(a.keys, vec![100_000]);
@@ -265,7 +267,7 @@ mod tests {
 
     #[test]
     fn systems_list() {
-        let all = "idemdb,naive-redb,sqlite,postgres,idemdb-postgres,redis,fsync-floor";
+        let all = "idemdb,idemdb-lz4,naive-redb,sqlite,postgres,idemdb-postgres,redis,fsync-floor";
         assert_eq!(parse(&["--systems", all]).unwrap().systems, Kind::ALL);
         assert_eq!(
             parse(&["--systems=fsync-floor, redis,,"]).unwrap().systems,

@@ -260,7 +260,7 @@ mod tests {
             claimed_at: 1,
             state,
         };
-        record.encode(&key(fence))
+        record.encode(&key(fence), crate::file::record::Packing::Plain)
     }
 
     fn key(fence: u64) -> Box<[u8]> {

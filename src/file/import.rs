@@ -9,7 +9,7 @@ use crate::file::heads::HEADS;
 use crate::file::layout;
 use crate::file::layout::{FENCE_KEY, MAX_FENCE, META, RECORDS};
 use crate::file::open;
-use crate::file::record::{Record, RecordState, StoredResponse};
+use crate::file::record::{Packing, Record, RecordState, StoredResponse};
 use crate::file::store::FileStore;
 use crate::model::moved::{Moved, MovedState};
 use crate::model::scope::scoped_key;
@@ -48,7 +48,7 @@ pub(crate) fn new_file(
     }
     let mut imported = 0;
     let created = open::create_atomically(path, |db| {
-        imported = write(db, input)?;
+        imported = write(db, input, config.packing())?;
         Ok(())
     })?;
     if !created {
@@ -65,7 +65,7 @@ pub(crate) fn new_file(
 
 /// Writes every record of `input` in one durable commit; nothing is committed if any line is
 /// refused.
-fn write(db: &redb::Database, input: impl std::io::BufRead) -> Result<u64> {
+fn write(db: &redb::Database, input: impl std::io::BufRead, packing: Packing) -> Result<u64> {
     let secret = layout::meta(db)?
         .secret
         .expect("a new store file has its secret");
@@ -85,7 +85,8 @@ fn write(db: &redb::Database, input: impl std::io::BufRead) -> Result<u64> {
                 continue;
             }
             let m = Moved::from_line(&line, line_no)?;
-            let Encoded { key, value } = encode(&m).map_err(|why| refused(line_no, why))?;
+            let Encoded { key, value } =
+                encode(&m, packing).map_err(|why| refused(line_no, why))?;
             if !keys.insert(digest.of(&key)) {
                 return Err(refused(
                     line_no,
@@ -117,7 +118,7 @@ struct Encoded {
 }
 
 /// A record's scoped key and encoded value.
-fn encode(m: &Moved) -> std::result::Result<Encoded, String> {
+fn encode(m: &Moved, packing: Packing) -> std::result::Result<Encoded, String> {
     let key = scoped_key(&m.scope, &m.key).map_err(|e| e.to_string())?;
     if m.fence == 0 || m.fence > MAX_FENCE {
         return Err(format!("fence {} is out of range", m.fence));
@@ -143,7 +144,7 @@ fn encode(m: &Moved) -> std::result::Result<Encoded, String> {
         state,
     };
     Ok(Encoded {
-        value: record.encode(&key),
+        value: record.encode(&key, packing),
         key,
     })
 }

@@ -170,7 +170,7 @@ impl FileStore {
                 (
                     Op::Put {
                         fence: slot.fence(),
-                        value: completed.encode(&key.bytes),
+                        value: completed.encode(&key.bytes, self.inner.config.packing()),
                         expiry: Some(expires_at),
                         replaces: None,
                     },

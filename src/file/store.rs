@@ -13,7 +13,7 @@ use crate::file::journal::Journal;
 use crate::file::load;
 use crate::file::read;
 use crate::file::record::RecordState as Stored;
-use crate::file::record::{Record, RecordState};
+use crate::file::record::{Packing, Record, RecordState};
 use crate::file::space::Space;
 use crate::file::watch::Watchers;
 use crate::model::claim::{Claim, Entry, EntryState, Takeover};
@@ -261,7 +261,7 @@ impl FileStore {
             claimed_at: now,
             state: RecordState::InProgress { lease_until },
         };
-        let value = record.encode(&key.bytes);
+        let value = record.encode(&key.bytes, Packing::Plain);
         if let (Some(limit), None) = (inner.config.max_store_bytes, &replaces) {
             let over = |bytes: u64| bytes.saturating_add(value.len() as u64) > limit;
             // The bound needs no wait for the applier; only a claim it refuses waits, to count
@@ -497,7 +497,7 @@ impl FileStore {
                 response: response.into(),
             },
         };
-        let value = record.encode(ticket.key());
+        let value = record.encode(ticket.key(), inner.config.packing());
         let seq = {
             let mut stripe = inner.index.lock(&hash);
             let slot = held(&mut stripe, &hash, &ticket)?;
@@ -600,7 +600,7 @@ impl FileStore {
             let slot = held(&mut stripe, &hash, ticket)?;
             let seq = inner.pipeline.enqueue(Op::Put {
                 fence: ticket.fence(),
-                value: record.encode(ticket.key()),
+                value: record.encode(ticket.key(), Packing::Plain),
                 expiry: None,
                 replaces: None,
             })?;

@@ -531,7 +531,7 @@ fn two_records_for_one_key_refuse_the_open() {
             let value = records.get(fence).unwrap().unwrap().value().to_vec();
             let (key, mut record) = Record::decode(&value).unwrap();
             record.fence = fence + 1000;
-            let copy = record.encode(key);
+            let copy = record.encode(key, crate::file::record::Packing::Plain);
             records.insert(fence + 1000, copy.as_slice()).unwrap();
         }
         crate::file::layout::write_record_count(&txn).unwrap();
@@ -851,6 +851,132 @@ fn a_format_4_file_is_counted_at_its_first_open_and_then_guarded_by_its_count() 
     ));
 }
 
+/// Every record's format byte in the store file, in fence order.
+fn record_formats(disk: &SimDisk) -> Vec<u8> {
+    use crate::file::layout::RECORDS;
+    use redb::{ReadableDatabase, ReadableTable};
+    let db = redb::Builder::new()
+        .create_with_backend(disk.backend())
+        .unwrap();
+    let txn = db.begin_read().unwrap();
+    let records = txn.open_table(RECORDS).unwrap();
+    let formats = records.iter().unwrap();
+    formats.map(|r| r.unwrap().1.value()[0]).collect()
+}
+
+/// A store of format 5 holds records of record format 1 only. Its first open reads them as
+/// they are and writes store format 6 (after which an older build refuses the file rather
+/// than fail on each newer record); what it writes then is of record format 2, and the two
+/// kinds answer side by side, across a power loss. Without the decoder of format 1 kept, every
+/// stored key would be `Corrupted`; without the format written, a format-5 build would open the
+/// file and answer `Corrupted` for every record written since.
+#[test]
+fn a_format_5_file_keeps_its_format_1_records_and_writes_format_2_beside_them() {
+    use crate::file::batch::head_of;
+    use crate::file::hashing::Hashing;
+    use crate::file::heads::HEADS;
+    use crate::file::layout::{FORMAT_KEY, META, RECORDS, STORE_FORMAT};
+    use crate::file::record::{format1, Record};
+    use redb::ReadableTable;
+    let disk = SimDisk::new();
+    ten_paid_and_one_held(open(&disk));
+    let hashing = Hashing::new(file_meta(&disk).secret.unwrap());
+    edit_file_keeping_count(
+        &disk,
+        |txn| {
+            let mut records = txn.open_table(RECORDS).unwrap();
+            let mut heads = txn.open_table(HEADS).unwrap();
+            let all: Vec<(u64, Vec<u8>)> = records
+                .iter()
+                .unwrap()
+                .map(|r| r.map(|(k, v)| (k.value(), v.value().to_vec())).unwrap())
+                .collect();
+            for (fence, value) in all {
+                let (key, record) = Record::decode(&value).unwrap();
+                let old = format1::encode(&record, key);
+                records.insert(fence, old.as_slice()).unwrap();
+                heads
+                    .insert(fence, head_of(&hashing, fence, &old).unwrap())
+                    .unwrap();
+            }
+            txn.open_table(META).unwrap().insert(FORMAT_KEY, 5).unwrap();
+        },
+        false,
+    );
+    assert_eq!(file_meta(&disk).format, 5);
+    assert_eq!(record_formats(&disk), vec![1; 11]);
+    let store = open(&disk);
+    replays_the_ten_paid(&store);
+    assert!(matches!(
+        store.claim(&scope(), "held", fp()).unwrap(),
+        Claim::InProgress { .. }
+    ));
+    let ticket = acquire(&store, "new");
+    store.complete(ticket, Response::new(201, "paid")).unwrap();
+    drop(store);
+    disk.crash(CrashImage::Durable);
+    assert_eq!(file_meta(&disk).format, STORE_FORMAT);
+    let mut formats = record_formats(&disk);
+    assert_eq!(formats.pop(), Some(2), "the new record");
+    assert_eq!(formats, vec![1; 11]);
+    let store = open(&disk);
+    replays_the_ten_paid(&store);
+    match store.claim(&scope(), "new", fp()).unwrap() {
+        Claim::Replay(r) => assert_eq!(r.body(), b"paid"),
+        other => panic!("new: {other:?}"),
+    }
+}
+
+/// A store that compresses responses and one that does not open the same file: every record
+/// says how its response is stored, so each reads what the other wrote, byte for byte.
+#[test]
+fn compressed_and_plain_responses_read_back_whichever_store_wrote_them() {
+    let disk = SimDisk::new();
+    let charge = |i: u32| {
+        format!("{{\"id\":\"ch_{i}\",\"object\":\"charge\",\"status\":\"succeeded\"}}").repeat(8)
+    };
+    for (round, compress) in [(0, true), (1, false), (2, true)] {
+        let store = StoreBuilder::default()
+            .compress_responses(compress)
+            .open_simulated(&disk)
+            .unwrap();
+        let ticket = acquire(&store, &format!("k{round}"));
+        store
+            .complete(
+                ticket,
+                Response::new(200, charge(round)).with_header("content-type", "application/json"),
+            )
+            .unwrap();
+        for earlier in 0..=round {
+            match store.claim(&scope(), &format!("k{earlier}"), fp()).unwrap() {
+                Claim::Replay(r) => {
+                    assert_eq!(r.body(), charge(earlier).as_bytes());
+                    assert_eq!(r.status(), 200);
+                }
+                other => panic!("k{earlier}: {other:?}"),
+            }
+        }
+        drop(store);
+        disk.crash(CrashImage::Durable);
+    }
+    let sizes = record_sizes(&disk);
+    assert!(sizes[0] < sizes[1] / 2, "compressed: {sizes:?}");
+    assert_eq!(sizes[0], sizes[2]);
+}
+
+/// Every record's length in the store file, in fence order.
+fn record_sizes(disk: &SimDisk) -> Vec<usize> {
+    use crate::file::layout::RECORDS;
+    use redb::{ReadableDatabase, ReadableTable};
+    let db = redb::Builder::new()
+        .create_with_backend(disk.backend())
+        .unwrap();
+    let txn = db.begin_read().unwrap();
+    let records = txn.open_table(RECORDS).unwrap();
+    let sizes = records.iter().unwrap();
+    sizes.map(|r| r.unwrap().1.value().len()).collect()
+}
+
 /// Heads are derived from the records: one that fails its checksum, one missing, or a table
 /// gone make the open rebuild them from the records, and every key answers as before. (Without
 /// the rebuild, a key whose head is wrong would be absent from the index, and its retry would
@@ -1049,7 +1175,12 @@ fn a_record_that_disagrees_with_its_head_is_an_error_not_an_answer_or_a_spin() {
             let scoped = scoped.to_vec();
             lie(&mut record);
             records
-                .insert(*fence, record.encode(&scoped).as_slice())
+                .insert(
+                    *fence,
+                    record
+                        .encode(&scoped, crate::file::record::Packing::Plain)
+                        .as_slice(),
+                )
                 .unwrap();
         });
         let store = open(&disk);

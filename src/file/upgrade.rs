@@ -75,12 +75,14 @@ pub(crate) fn drop_expiry_table(db: &Database) -> Result<()> {
     Ok(())
 }
 
-/// Upgrades a file of format 4 (or one an upgrade above just brought to it) to
-/// [`STORE_FORMAT`] in one durable commit: records how many records it holds (`record_count`).
-/// Run last in the open, once every check the open makes has passed, so that a damaged file is
-/// refused unchanged rather than counted. A crash before the commit leaves format 4, upgraded
-/// again at the next open. (What a format 4 file holds cannot be checked against a count it
-/// never kept: this upgrade trusts it as the format 4 open did.)
+/// Upgrades a file of format 4 or 5 (or one an upgrade above just brought to 4) to
+/// [`STORE_FORMAT`] in one durable commit: records how many records it holds (`record_count`;
+/// format 5 kept it already, and the open has checked it) and the format, after which records
+/// of record format 2 may be written. Run last in the open, once every check the open makes
+/// has passed, so that a damaged file is refused unchanged rather than counted; nothing before
+/// it writes a record. A crash before the commit leaves the old format, upgraded again at the
+/// next open. (What a format 4 file holds cannot be checked against a count it never kept:
+/// this upgrade trusts it as the format 4 open did.)
 pub(crate) fn count_records(db: &Database) -> Result<()> {
     let mut txn = db.begin_write()?;
     quick_repair(&mut txn);

@@ -1,4 +1,4 @@
-//! idemdb: `Store::open` with the default builder (a claim returns once its record is fsynced;
+//! idemdb: `Store::open` with the default builder (idemdb-lz4: with `compress_responses(true)`) (a claim returns once its record is fsynced;
 //! concurrent callers share one commit), or `Store::connect` to the comparison's PostgreSQL
 //! server with the default builder (a claim returns once PostgreSQL committed it; claims that
 //! queue up share one statement and one commit).
@@ -26,10 +26,13 @@ enum Place {
 }
 
 impl IdemdbSystem {
-    /// Opens a new store file and preloads it (see [`IdemdbSystem::preload`]).
-    pub fn open(setup: &Setup, keys: u64) -> Result<IdemdbSystem> {
+    /// Opens a new store file and preloads it (see [`IdemdbSystem::preload`]); `compress`:
+    /// with `compress_responses`.
+    pub fn open(setup: &Setup, keys: u64, compress: bool) -> Result<IdemdbSystem> {
         std::fs::create_dir_all(&setup.dir)?;
-        let store = Store::open(setup.dir.join("store.idem"))?;
+        let store = Store::builder()
+            .compress_responses(compress)
+            .open(setup.dir.join("store.idem"))?;
         IdemdbSystem::preload(store, setup, keys, Place::Dir(setup.dir.clone()))
     }
 

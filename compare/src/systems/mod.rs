@@ -74,6 +74,8 @@ pub trait TaskClient: Send {
 pub enum Kind {
     /// idemdb's `Store`, default builder.
     Idemdb,
+    /// The same with `compress_responses(true)`.
+    IdemdbLz4,
     /// Plain redb, one write transaction (one fsync) per operation.
     NaiveRedb,
     /// SQLite in WAL mode with `synchronous=FULL`.
@@ -90,8 +92,9 @@ pub enum Kind {
 
 impl Kind {
     /// Every system, in the order the table lists them.
-    pub const ALL: [Kind; 7] = [
+    pub const ALL: [Kind; 8] = [
         Kind::Idemdb,
+        Kind::IdemdbLz4,
         Kind::NaiveRedb,
         Kind::Sqlite,
         Kind::Postgres,
@@ -104,6 +107,7 @@ impl Kind {
     pub fn name(self) -> &'static str {
         match self {
             Kind::Idemdb => "idemdb",
+            Kind::IdemdbLz4 => "idemdb-lz4",
             Kind::NaiveRedb => "naive-redb",
             Kind::Sqlite => "sqlite",
             Kind::Postgres => "postgres",
@@ -133,7 +137,7 @@ impl Kind {
     /// Whether the system has an async API for tokio tasks to call (`--callers Nt`), as
     /// idemdb's HTTP layer and MCP gateway call it.
     pub fn async_api(self) -> bool {
-        matches!(self, Kind::Idemdb | Kind::IdemdbPostgres)
+        matches!(self, Kind::Idemdb | Kind::IdemdbLz4 | Kind::IdemdbPostgres)
     }
 
     /// Whether the system runs cells of this caller layout; if not, why not.
@@ -193,7 +197,8 @@ impl Setup {
 /// Opens `kind` fresh and preloads `keys` completed records through its fastest bulk path.
 pub fn open(kind: Kind, setup: &Setup, keys: u64) -> Result<Box<dyn System>> {
     Ok(match kind {
-        Kind::Idemdb => Box::new(idemdb::IdemdbSystem::open(setup, keys)?),
+        Kind::Idemdb => Box::new(idemdb::IdemdbSystem::open(setup, keys, false)?),
+        Kind::IdemdbLz4 => Box::new(idemdb::IdemdbSystem::open(setup, keys, true)?),
         Kind::NaiveRedb => Box::new(redb::RedbSystem::open(setup, keys)?),
         Kind::Sqlite => Box::new(sqlite::SqliteSystem::open(setup, keys)?),
         Kind::Postgres => Box::new(postgres::PostgresSystem::open(setup, keys)?),

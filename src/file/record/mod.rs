@@ -1,27 +1,33 @@
-//! The on-disk record: a format byte, a bincode 2 body, and a crc32 that also covers the scoped
-//! key, so a record copied under another key fails its check. `docs/format.md` lists the bytes.
+//! The on-disk record: a format byte, the scoped key, a bincode 2 body, and a crc32 that also
+//! covers the scoped key, so a record copied under another key fails its check. Two body
+//! layouts exist: [`format1`] (fixed-width integers, read only) and [`format2`] (what this build
+//! writes: variable-width integers, times as offsets, the response optionally lz4-compressed).
+//! `docs/format.md` lists the bytes of both.
+
+pub(crate) mod format1;
+mod format2;
 
 use crate::model::fingerprint::Fingerprint;
 use crate::model::response::Response;
 use bincode::{Decode, Encode};
 
-/// The record format this build writes and reads.
-pub(crate) const RECORD_FORMAT: u8 = 1;
+/// The record format this build writes. It reads this one and every older one.
+pub(crate) const RECORD_FORMAT: u8 = format2::FORMAT;
 
 /// The largest record body the decoder will allocate for; bounds the damage a corrupt length
 /// field can do. Responses are capped below this by [`crate::MAX_RESPONSE_LIMIT`].
 const DECODE_LIMIT: usize = 80 << 20;
 
-type Config = bincode::config::Configuration<
-    bincode::config::LittleEndian,
-    bincode::config::Fixint,
-    bincode::config::Limit<DECODE_LIMIT>,
->;
-
-const CONFIG: Config = bincode::config::standard()
-    .with_little_endian()
-    .with_fixed_int_encoding()
-    .with_limit::<DECODE_LIMIT>();
+/// How [`Record::encode`] stores a completed record's response.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) enum Packing {
+    /// As it is.
+    #[default]
+    Plain,
+    /// lz4-compressed when that saves at least [`format2::LZ4_MIN_SAVING`] bytes, as it is
+    /// otherwise (`crate::StoreBuilder::compress_responses`).
+    Lz4,
+}
 
 /// One record: the state of one scoped key.
 #[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
@@ -51,7 +57,7 @@ pub(crate) enum RecordState {
 }
 
 /// The fixed-size front of a record: everything the index needs, decoded without touching the
-/// response. Its fields are laid out exactly as [`Record`]'s first fields.
+/// response.
 #[derive(Debug, Clone, PartialEq, Eq, Decode)]
 pub(crate) struct Head {
     pub(crate) fence: u64,
@@ -122,19 +128,36 @@ impl Record {
         Fingerprint::from_bytes(self.fingerprint)
     }
 
-    /// `[format: u8][scoped key length: u16 LE][scoped key][bincode body][crc32 LE of every
-    /// byte before it]`. The record carries its own key because the table is keyed by fence.
-    pub(crate) fn encode(&self, scoped_key: &[u8]) -> Vec<u8> {
-        let len = u16::try_from(scoped_key.len()).expect("scoped keys are bounded");
-        let mut out = Vec::with_capacity(128 + scoped_key.len());
-        out.push(RECORD_FORMAT);
-        out.extend_from_slice(&len.to_le_bytes());
-        out.extend_from_slice(scoped_key);
-        bincode::encode_into_std_write(self, &mut out, CONFIG)
-            .expect("encoding into a Vec cannot fail");
-        let crc = crc32fast::hash(&out);
-        out.extend_from_slice(&crc.to_le_bytes());
-        out
+    /// What [`Record::decode_head`] reads of this record.
+    #[cfg(test)]
+    pub(crate) fn head(&self) -> Head {
+        Head {
+            fence: self.fence,
+            fingerprint: self.fingerprint,
+            claimed_at: self.claimed_at,
+            state: match &self.state {
+                RecordState::InProgress { lease_until } => HeadState::InProgress {
+                    lease_until: *lease_until,
+                },
+                RecordState::Completed {
+                    completed_at,
+                    expires_at,
+                    ..
+                } => HeadState::Completed {
+                    completed_at: *completed_at,
+                    expires_at: *expires_at,
+                },
+            },
+        }
+    }
+
+    /// `[format: u8][scoped key length: u16 LE][scoped key][body][crc32 LE of every byte before
+    /// it]`, in [`RECORD_FORMAT`]. The record carries its own key because the table is keyed by
+    /// fence.
+    pub(crate) fn encode(&self, scoped_key: &[u8], packing: Packing) -> Vec<u8> {
+        let mut out = frame_start(RECORD_FORMAT, scoped_key);
+        format2::encode_body(self, packing, &mut out);
+        frame_end(out)
     }
 
     /// The scoped key a damaged value says it belongs to, unverified: for error messages only.
@@ -143,17 +166,14 @@ impl Record {
         value.get(3..3 + len)
     }
 
-    /// Verifies and decodes a stored value into its scoped key and record.
+    /// Verifies and decodes a stored value, of any format this build reads, into its scoped key
+    /// and record.
     pub(crate) fn decode(value: &[u8]) -> Result<(&[u8], Record), DecodeFailure> {
-        let (key, body) = Record::frame(value)?;
-        let (record, used) = bincode::decode_from_slice::<Record, _>(body, CONFIG)
-            .map_err(|e| DecodeFailure::Body(e.to_string()))?;
-        if used != body.len() {
-            return Err(DecodeFailure::Body(format!(
-                "{} trailing bytes",
-                body.len() - used
-            )));
-        }
+        let (format, key, body) = Record::frame(value)?;
+        let record = match format {
+            format1::FORMAT => format1::decode(body)?,
+            _ => format2::decode(body)?,
+        };
         Ok((key, record))
     }
 
@@ -161,14 +181,16 @@ impl Record {
     /// response undecoded: what the open needs of every record. A response that does not decode
     /// despite a good checksum (which only a bug could write) is reported when it is read.
     pub(crate) fn decode_head(value: &[u8]) -> Result<(&[u8], Head), DecodeFailure> {
-        let (key, body) = Record::frame(value)?;
-        let (head, _) = bincode::decode_from_slice::<Head, _>(body, CONFIG)
-            .map_err(|e| DecodeFailure::Body(e.to_string()))?;
+        let (format, key, body) = Record::frame(value)?;
+        let head = match format {
+            format1::FORMAT => format1::decode_head(body)?,
+            _ => format2::decode_head(body)?,
+        };
         Ok((key, head))
     }
 
     /// Checks the checksum and the format byte, and splits the key from the body.
-    fn frame(value: &[u8]) -> Result<(&[u8], &[u8]), DecodeFailure> {
+    fn frame(value: &[u8]) -> Result<(u8, &[u8], &[u8]), DecodeFailure> {
         let Some(split) = value.len().checked_sub(4).filter(|&n| n >= 3) else {
             return Err(DecodeFailure::TooShort);
         };
@@ -178,13 +200,99 @@ impl Record {
         if stored != computed {
             return Err(DecodeFailure::Checksum { stored, computed });
         }
-        if payload[0] != RECORD_FORMAT {
-            return Err(DecodeFailure::Format(payload[0]));
+        let format = payload[0];
+        if format != format1::FORMAT && format != format2::FORMAT {
+            return Err(DecodeFailure::Format(format));
         }
         let len = usize::from(u16::from_le_bytes([payload[1], payload[2]]));
-        payload[3..]
+        let (key, body) = payload[3..]
             .split_at_checked(len)
-            .ok_or(DecodeFailure::TooShort)
+            .ok_or(DecodeFailure::TooShort)?;
+        Ok((format, key, body))
+    }
+}
+
+/// The format byte and the scoped key with its length: every format's first bytes.
+fn frame_start(format: u8, scoped_key: &[u8]) -> Vec<u8> {
+    let len = u16::try_from(scoped_key.len()).expect("scoped keys are bounded");
+    let mut out = Vec::with_capacity(128 + scoped_key.len());
+    out.push(format);
+    out.extend_from_slice(&len.to_le_bytes());
+    out.extend_from_slice(scoped_key);
+    out
+}
+
+/// Appends the checksum of everything written so far.
+fn frame_end(mut out: Vec<u8>) -> Vec<u8> {
+    let crc = crc32fast::hash(&out);
+    out.extend_from_slice(&crc.to_le_bytes());
+    out
+}
+
+/// Decodes all of `body` as a `T`: bytes left over are damage, as is a body that runs short.
+fn decode_all<T: Decode<()>, C: bincode::config::Config>(
+    body: &[u8],
+    config: C,
+) -> Result<T, DecodeFailure> {
+    let (value, used) = bincode::decode_from_slice::<T, _>(body, config)
+        .map_err(|e| DecodeFailure::Body(e.to_string()))?;
+    if used != body.len() {
+        return Err(DecodeFailure::Body(format!(
+            "{} trailing bytes",
+            body.len() - used
+        )));
+    }
+    Ok(value)
+}
+
+/// Decodes the front of `body` as a `T`, ignoring what follows.
+fn decode_front<T: Decode<()>, C: bincode::config::Config>(
+    body: &[u8],
+    config: C,
+) -> Result<T, DecodeFailure> {
+    bincode::decode_from_slice::<T, _>(body, config)
+        .map(|(value, _)| value)
+        .map_err(|e| DecodeFailure::Body(e.to_string()))
+}
+
+/// The records `docs/format.md` walks through, which each format's golden test pins.
+#[cfg(test)]
+mod worked {
+    use super::{Record, RecordState, StoredResponse};
+
+    /// `("t", "e", "k")`.
+    pub(super) const KEY: &[u8] = b"\x01t\x00\x01ek";
+
+    pub(super) fn hex(bytes: &[u8]) -> String {
+        bytes.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    pub(super) fn in_progress() -> Record {
+        Record {
+            fence: 0x0102,
+            fingerprint: [0x11; 32],
+            claimed_at: 1_767_225_600_000,
+            state: RecordState::InProgress {
+                lease_until: 1_767_225_660_000,
+            },
+        }
+    }
+
+    pub(super) fn completed() -> Record {
+        Record {
+            fence: 7,
+            fingerprint: [0x22; 32],
+            claimed_at: 1,
+            state: RecordState::Completed {
+                completed_at: 2,
+                expires_at: 3,
+                response: StoredResponse {
+                    status: 201,
+                    headers: vec![("a".into(), b"bc".to_vec())],
+                    body: b"ok".to_vec(),
+                },
+            },
+        }
     }
 }
 
@@ -223,7 +331,7 @@ mod tests {
             ),
             (in_progress, HeadState::InProgress { lease_until: 5_000 }),
         ] {
-            let value = record.encode(b"k");
+            let value = record.encode(b"k", Packing::Plain);
             let (key, head) = Record::decode_head(&value).unwrap();
             assert_eq!(key, b"k");
             assert_eq!(
@@ -264,13 +372,13 @@ mod tests {
     #[test]
     fn round_trips() {
         let r = completed();
-        let bytes = r.encode(b"key");
+        let bytes = r.encode(b"key", Packing::Plain);
         assert_eq!(Record::decode(&bytes).unwrap(), (&b"key"[..], r));
     }
 
     #[test]
     fn crc_covers_the_key() {
-        let mut bytes = completed().encode(b"key");
+        let mut bytes = completed().encode(b"key", Packing::Plain);
         bytes[5] = b'z';
         assert!(matches!(
             Record::decode(&bytes),
@@ -280,7 +388,7 @@ mod tests {
 
     #[test]
     fn every_flipped_bit_is_caught() {
-        let bytes = completed().encode(b"key");
+        let bytes = completed().encode(b"key", Packing::Plain);
         for i in 0..bytes.len() * 8 {
             let mut b = bytes.clone();
             b[i / 8] ^= 1 << (i % 8);
@@ -312,94 +420,11 @@ mod tests {
             },
             ..completed()
         };
-        let delta = rec.encode(b"k").len() - empty.encode(b"k").len();
+        let delta = format1::encode(&rec, b"k").len() - format1::encode(&empty, b"k").len();
         assert_eq!(
             delta,
             r.encoded_size() - Response::new(0, Vec::new()).encoded_size()
         );
-    }
-}
-
-/// Pins the on-disk encoding byte for byte (`docs/format.md` walks through these bytes). If
-/// this test fails, the format changed: bump [`RECORD_FORMAT`] and keep a decoder for the old
-/// one, never edit the expected bytes to match.
-#[cfg(test)]
-mod golden {
-    use super::*;
-
-    fn hex(bytes: &[u8]) -> String {
-        bytes.iter().map(|b| format!("{b:02x}")).collect()
-    }
-
-    const KEY: &[u8] = b"\x01t\x00\x01ek";
-
-    #[test]
-    fn in_progress_record_bytes() {
-        let r = Record {
-            fence: 0x0102,
-            fingerprint: [0x11; 32],
-            claimed_at: 1_767_225_600_000,
-            state: RecordState::InProgress {
-                lease_until: 1_767_225_660_000,
-            },
-        };
-        let expect = concat!(
-            "01",                                                               // format
-            "0600",                                                             // key length
-            "01740001656b",                                                     // scoped key
-            "0201000000000000",                                                 // fence
-            "1111111111111111111111111111111111111111111111111111111111111111", // fingerprint
-            "00a8da769b010000",                                                 // claimed_at
-            "00000000",                                                         // InProgress
-            "6092db769b010000",                                                 // lease_until
-        );
-        let bytes = r.encode(KEY);
-        let (body, crc) = bytes.split_at(bytes.len() - 4);
-        assert_eq!(hex(body), expect);
-        assert_eq!(hex(crc), "5a208f35");
-        assert_eq!(Record::decode(&bytes).unwrap(), (KEY, r));
-    }
-
-    #[test]
-    fn completed_record_bytes() {
-        let r = Record {
-            fence: 7,
-            fingerprint: [0x22; 32],
-            claimed_at: 1,
-            state: RecordState::Completed {
-                completed_at: 2,
-                expires_at: 3,
-                response: StoredResponse {
-                    status: 201,
-                    headers: vec![("a".into(), b"bc".to_vec())],
-                    body: b"ok".to_vec(),
-                },
-            },
-        };
-        let expect = concat!(
-            "01",                                                               // format
-            "0600",                                                             // key length
-            "01740001656b",                                                     // scoped key
-            "0700000000000000",                                                 // fence
-            "2222222222222222222222222222222222222222222222222222222222222222", // fingerprint
-            "0100000000000000",                                                 // claimed_at
-            "01000000",                                                         // Completed
-            "0200000000000000",                                                 // completed_at
-            "0300000000000000",                                                 // expires_at
-            "c900",                                                             // status 201
-            "0100000000000000",                                                 // 1 header
-            "0100000000000000",                                                 // name len
-            "61",                                                               // "a"
-            "0200000000000000",                                                 // value len
-            "6263",                                                             // "bc"
-            "0200000000000000",                                                 // body len
-            "6f6b",                                                             // "ok"
-        );
-        let bytes = r.encode(KEY);
-        let (body, crc) = bytes.split_at(bytes.len() - 4);
-        assert_eq!(hex(body), expect);
-        assert_eq!(hex(crc), "f6340973");
-        assert_eq!(Record::decode(&bytes).unwrap(), (KEY, r));
     }
 }
 
@@ -415,7 +440,11 @@ mod properties {
                 (".{0,8}", proptest::collection::vec(any::<u8>(), 0..8)),
                 0..4,
             ),
-            proptest::collection::vec(any::<u8>(), 0..64),
+            prop_oneof![
+                proptest::collection::vec(any::<u8>(), 0..64),
+                // Compressible: lz4 takes these when asked.
+                (any::<u8>(), 0..600usize).prop_map(|(b, n)| vec![b; n]),
+            ],
         )
             .prop_map(|(status, headers, body)| StoredResponse {
                 status,
@@ -446,9 +475,19 @@ mod properties {
 
     proptest! {
         #[test]
-        fn encode_decode_round_trips(r in any_record(), key in proptest::collection::vec(any::<u8>(), 1..1300)) {
-            let bytes = r.encode(&key);
-            prop_assert_eq!(Record::decode(&bytes).unwrap(), (&key[..], r));
+        fn encode_decode_round_trips(
+            r in any_record(),
+            key in proptest::collection::vec(any::<u8>(), 1..1300),
+            packing in prop_oneof![Just(Packing::Plain), Just(Packing::Lz4)],
+        ) {
+            let bytes = r.encode(&key, packing);
+            prop_assert_eq!(Record::decode(&bytes).unwrap(), (&key[..], r.clone()));
+            let head = Record::decode_head(&bytes).unwrap().1;
+            prop_assert_eq!(head, r.head());
+            // What a store of format 5 or before wrote still reads the same.
+            let old = format1::encode(&r, &key);
+            prop_assert_eq!(Record::decode(&old).unwrap(), (&key[..], r.clone()));
+            prop_assert_eq!(Record::decode_head(&old).unwrap().1, r.head());
         }
 
         /// Damaged values never panic and never decode under a checksum that was not theirs.
@@ -460,7 +499,7 @@ mod properties {
         /// A body whose checksum is valid but whose lengths lie must still fail cleanly.
         #[test]
         fn valid_checksum_over_garbage_never_panics(body in proptest::collection::vec(any::<u8>(), 0..256)) {
-            let mut value = vec![RECORD_FORMAT];
+            let mut value = vec![if body.first().is_some_and(|b| b & 1 == 1) { 1 } else { RECORD_FORMAT }];
             value.extend_from_slice(&body);
             let crc = crc32fast::hash(&value);
             value.extend_from_slice(&crc.to_le_bytes());
@@ -484,7 +523,7 @@ mod properties {
                 },
             },
         };
-        let mut value = r.encode(b"k");
+        let mut value = format1::encode(&r, b"k");
         value.truncate(value.len() - 4);
         // The body length is the 8 bytes before the last body byte: claim u64::MAX / 2.
         let at = value.len() - 9;
