@@ -39,13 +39,18 @@ fn case(name: &str) -> (tempfile::TempDir, PathBuf) {
 fn a_closed_store_whose_records_table_reads_empty_is_refused_not_served_empty() {
     let (_dir, path) = case("closed-store-opens-empty");
     assert_eq!(heads(&path), 208);
-    for check in [PageCheck::Trust, PageCheck::Trust, PageCheck::Verify] {
+    for (open, check) in [PageCheck::Trust, PageCheck::Trust, PageCheck::Verify]
+        .into_iter()
+        .enumerate()
+    {
         match Store::builder().page_check(check).open(&path) {
             Err(Error::Corrupted {
                 damaged: Damaged::Pages,
                 reason,
             }) => {
-                if check == PageCheck::Trust {
+                // The first open finds the loss; redb's close of that open records its own
+                // state, and later opens are refused by redb's check of the damaged page.
+                if open == 0 {
                     assert!(
                         reason.contains("208 records that the records table lacks"),
                         "{reason}"

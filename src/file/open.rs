@@ -285,8 +285,9 @@ fn journal_missing(epoch: u64) -> Error {
 }
 
 /// Replays the journal's current epoch into the redb file and checkpoints it: one durable
-/// commit of every journaled op, raising the epoch, so the journal starts empty. Returns the
-/// journal and how many ops it replayed.
+/// commit of every journaled op, raising the epoch, so the journal starts empty. A journal
+/// that holds nothing of its epoch is not checkpointed ([`Journal::resumable`]): its epoch
+/// goes on. Returns the journal and how many ops it replayed.
 fn recover_journal(
     db: &redb::Database,
     source: JournalSource,
@@ -305,6 +306,9 @@ fn recover_journal(
         header_floor: meta.journal_header,
     };
     let (mut journal, ops) = Journal::recover(file, binding, source.capacity)?;
+    if journal.resumable(&binding) {
+        return Ok((journal, 0));
+    }
     // The records' bytes are counted by the scan that follows.
     crate::file::commit::checkpoint(&mut journal, db, &ops, state)?;
     Ok((journal, ops.len()))

@@ -419,6 +419,27 @@ impl Journal {
         Ok(())
     }
 
+    /// Whether the store's next entries may go on in the epoch just recovered, without a
+    /// checkpoint: it holds no entry, its header is written and recorded by the store file
+    /// (`binding`), and the journal's length is the one the store file records. Then a
+    /// checkpoint would commit nothing but the next epoch, twice (`docs/design.md`, "An open
+    /// that finds the journal empty").
+    ///
+    /// Entries then start at the start of the entry area with sequence 0, over whatever an
+    /// unacknowledged batch of this epoch left there: the recovery found no intact entry of
+    /// this epoch anywhere in the file (or refused it), a write changes only the bytes it
+    /// covers, and an entry past the end is read only where the bytes it spans were left
+    /// as they were, so no entry a later recovery finds intact can be one of those leftovers.
+    pub(crate) fn resumable(&self, binding: &Binding) -> bool {
+        self.seq == 0
+            && binding.epoch > 0
+            && self.epoch == binding.epoch
+            && binding.header_floor == binding.epoch
+            && self.recorded_slot.is_some()
+            && self.made == binding.made
+            && self.end == ENTRIES_AT
+    }
+
     /// Whether any entry was written in the current epoch.
     pub(crate) fn has_entries(&self) -> bool {
         self.seq > 0
