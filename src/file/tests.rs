@@ -42,6 +42,40 @@ fn acquired_claim_is_in_the_durable_image_when_claim_returns() {
     ));
 }
 
+/// An open that finds nothing in the journal commits nothing: its epoch goes on (before, every
+/// open checkpointed, two durable commits), and what the next life writes into that epoch
+/// survives a power loss and is checkpointed by the open after it.
+#[test]
+fn an_open_that_finds_the_journal_empty_goes_on_in_its_epoch_and_loses_nothing() {
+    let disk = SimDisk::new();
+    let pay = |store: &Store, key: &str| {
+        let ticket = acquire(store, key);
+        store.complete(ticket, Response::new(201, key)).unwrap();
+    };
+    let store = open(&disk);
+    pay(&store, "k0");
+    drop(store);
+    let epoch = file_meta(&disk).journal_epoch;
+    drop(open(&disk));
+    assert_eq!(file_meta(&disk).journal_epoch, epoch, "a life without a write");
+    let store = open(&disk);
+    pay(&store, "k1");
+    // The power is cut with k1 only in the journal, in the epoch the open went on in.
+    let crashed = disk.fork();
+    crashed.crash(CrashImage::Durable);
+    drop(store);
+    assert_eq!(file_meta(&crashed).journal_epoch, epoch);
+    let store = open(&crashed);
+    for key in ["k0", "k1"] {
+        match store.claim(&scope(), key, fp()).unwrap() {
+            Claim::Replay(r) => assert_eq!(r.body(), key.as_bytes()),
+            other => panic!("{key}: {other:?}"),
+        }
+    }
+    drop(store);
+    assert_eq!(file_meta(&crashed).journal_epoch, epoch + 1, "k1 replayed and checkpointed");
+}
+
 #[test]
 fn completion_is_in_the_durable_image_when_complete_returns() {
     let disk = SimDisk::new();
