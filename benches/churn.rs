@@ -156,7 +156,10 @@ fn print_layout(path: &Path, live: u64) {
     );
     let mut in_tables = 0;
     for (name, stats) in [
-        ("records", txn.open_table(RECORDS).and_then(|t| Ok(t.stats()?))),
+        (
+            "records",
+            txn.open_table(RECORDS).and_then(|t| Ok(t.stats()?)),
+        ),
         ("heads", txn.open_table(HEADS).and_then(|t| Ok(t.stats()?))),
     ] {
         let stats = stats.expect("table stats");

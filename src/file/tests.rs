@@ -57,7 +57,11 @@ fn an_open_that_finds_the_journal_empty_goes_on_in_its_epoch_and_loses_nothing()
     drop(store);
     let epoch = file_meta(&disk).journal_epoch;
     drop(open(&disk));
-    assert_eq!(file_meta(&disk).journal_epoch, epoch, "a life without a write");
+    assert_eq!(
+        file_meta(&disk).journal_epoch,
+        epoch,
+        "a life without a write"
+    );
     let store = open(&disk);
     pay(&store, "k1");
     // The power is cut with k1 only in the journal, in the epoch the open went on in.
@@ -73,7 +77,11 @@ fn an_open_that_finds_the_journal_empty_goes_on_in_its_epoch_and_loses_nothing()
         }
     }
     drop(store);
-    assert_eq!(file_meta(&crashed).journal_epoch, epoch + 1, "k1 replayed and checkpointed");
+    assert_eq!(
+        file_meta(&crashed).journal_epoch,
+        epoch + 1,
+        "k1 replayed and checkpointed"
+    );
 }
 
 #[test]
