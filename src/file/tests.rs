@@ -562,7 +562,7 @@ fn two_records_for_one_key_refuse_the_open() {
         drop(acquire(&store, &format!("other{i}")));
     }
     drop(store);
-    drop(open(&disk)); // the reopen checkpoints the journal into the file
+    drop(open(&disk)); // the close checkpointed the journal into the file; this life changes nothing
     {
         let db = redb::Builder::new()
             .create_with_backend(disk.backend())
