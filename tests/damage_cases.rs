@@ -1,6 +1,7 @@
 //! Stores damaged outside idemdb, kept as files under `tests/damage-cases/`: each must be
 //! refused with a typed error, or served with every acknowledged answer right. Never served
-//! wrong, never changed by the refused open.
+//! wrong; a refused open writes no record or head (redb's close of the file it opened still
+//! records its allocator state, which redb's API does not let a refused open skip).
 
 use idemdb::{Damaged, Error, PageCheck, Store};
 use std::path::{Path, PathBuf};
