@@ -84,6 +84,31 @@ fn an_open_that_finds_the_journal_empty_goes_on_in_its_epoch_and_loses_nothing()
     );
 }
 
+/// An open that finds the journal empty but makes it longer (a larger `journal_size`) still
+/// checkpoints, so that the store file records the new length: a journal later cut back to
+/// the old one must be refused, and the entries written past it read back. Without the
+/// checkpoint the file would go on saying the old length.
+#[test]
+fn an_open_that_lengthens_an_empty_journal_records_the_new_length() {
+    let disk = SimDisk::new();
+    let small = 16 << 10;
+    let store = StoreBuilder::default()
+        .journal_size(small)
+        .open_simulated(&disk)
+        .unwrap();
+    drop(acquire(&store, "k0"));
+    drop(store);
+    assert_eq!(file_meta(&disk).journal_bytes, small);
+    let epoch = file_meta(&disk).journal_epoch;
+    let store = StoreBuilder::default()
+        .journal_size(4 * small)
+        .open_simulated(&disk)
+        .unwrap();
+    assert_eq!(file_meta(&disk).journal_bytes, 4 * small);
+    assert_eq!(file_meta(&disk).journal_epoch, epoch + 1);
+    drop(store);
+}
+
 #[test]
 fn completion_is_in_the_durable_image_when_complete_returns() {
     let disk = SimDisk::new();
@@ -893,8 +918,8 @@ fn a_format_4_file_is_counted_at_its_first_open_and_then_guarded_by_its_count() 
     ));
 }
 
-/// Every record's format byte in the store file, in fence order.
-fn record_formats(disk: &SimDisk) -> Vec<u8> {
+/// Every record's stored value in the store file, in fence order.
+fn record_values(disk: &SimDisk) -> Vec<Vec<u8>> {
     use crate::file::layout::RECORDS;
     use redb::{ReadableDatabase, ReadableTable};
     let db = redb::Builder::new()
@@ -902,8 +927,13 @@ fn record_formats(disk: &SimDisk) -> Vec<u8> {
         .unwrap();
     let txn = db.begin_read().unwrap();
     let records = txn.open_table(RECORDS).unwrap();
-    let formats = records.iter().unwrap();
-    formats.map(|r| r.unwrap().1.value()[0]).collect()
+    let values = records.iter().unwrap();
+    values.map(|r| r.unwrap().1.value().to_vec()).collect()
+}
+
+/// Every record's format byte in the store file, in fence order.
+fn record_formats(disk: &SimDisk) -> Vec<u8> {
+    record_values(disk).iter().map(|v| v[0]).collect()
 }
 
 /// A store of format 5 holds records of record format 1 only. Its first open reads them as
@@ -1001,22 +1031,9 @@ fn compressed_and_plain_responses_read_back_whichever_store_wrote_them() {
         drop(store);
         disk.crash(CrashImage::Durable);
     }
-    let sizes = record_sizes(&disk);
+    let sizes: Vec<usize> = record_values(&disk).iter().map(Vec::len).collect();
     assert!(sizes[0] < sizes[1] / 2, "compressed: {sizes:?}");
     assert_eq!(sizes[0], sizes[2]);
-}
-
-/// Every record's length in the store file, in fence order.
-fn record_sizes(disk: &SimDisk) -> Vec<usize> {
-    use crate::file::layout::RECORDS;
-    use redb::{ReadableDatabase, ReadableTable};
-    let db = redb::Builder::new()
-        .create_with_backend(disk.backend())
-        .unwrap();
-    let txn = db.begin_read().unwrap();
-    let records = txn.open_table(RECORDS).unwrap();
-    let sizes = records.iter().unwrap();
-    sizes.map(|r| r.unwrap().1.value().len()).collect()
 }
 
 /// Heads are derived from the records: one that fails its checksum, one missing, or a table

@@ -430,14 +430,14 @@ impl Journal {
     /// this epoch anywhere in the file (or refused it), a write changes only the bytes it
     /// covers, and an entry past the end is read only where the bytes it spans were left
     /// as they were, so no entry a later recovery finds intact can be one of those leftovers.
+    ///
+    /// `recover` leaves the journal at `binding`'s epoch, and refuses a recorded header it cannot
+    /// find, so those need no check here.
     pub(crate) fn resumable(&self, binding: &Binding) -> bool {
         self.seq == 0
             && binding.epoch > 0
-            && self.epoch == binding.epoch
             && binding.header_floor == binding.epoch
-            && self.recorded_slot.is_some()
             && self.made == binding.made
-            && self.end == ENTRIES_AT
     }
 
     /// Whether any entry was written in the current epoch.

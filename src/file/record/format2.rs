@@ -53,13 +53,41 @@ enum StateRef<'a> {
 
 #[derive(Encode)]
 enum ResponseRef<'a> {
-    Plain(&'a StoredResponse),
+    Plain(Fields<'a>),
     /// The lz4 block of the response's `Plain` encoding (without the variant), `length` bytes
     /// when decompressed.
     Lz4 {
         length: u64,
         packed: &'a [u8],
     },
+}
+
+/// A `Plain` response's fields: the response, or its encoding already made (by a compression
+/// that did not pay), written as it is rather than encoded a second time.
+enum Fields<'a> {
+    Response(&'a StoredResponse),
+    Encoded(&'a [u8]),
+}
+
+impl Encode for Fields<'_> {
+    fn encode<E: bincode::enc::Encoder>(
+        &self,
+        encoder: &mut E,
+    ) -> Result<(), bincode::error::EncodeError> {
+        use bincode::enc::write::Writer;
+        match self {
+            Fields::Response(response) => response.encode(encoder),
+            Fields::Encoded(bytes) => encoder.writer().write(bytes),
+        }
+    }
+}
+
+/// What [`compress`] made of a response's encoding.
+enum Compressed {
+    /// The lz4 block, and the encoding's length.
+    Lz4 { length: u64, packed: Vec<u8> },
+    /// Compression saves too little: the encoding, to be stored as it is.
+    No(Vec<u8>),
 }
 
 #[derive(Decode)]
@@ -117,17 +145,18 @@ pub(super) fn encode_body(record: &Record, packing: Packing, out: &mut Vec<u8>) 
         } => {
             compressed = match packing {
                 Packing::Plain => None,
-                Packing::Lz4 => compress(response),
+                Packing::Lz4 => Some(compress(response)),
             };
             StateRef::Completed {
                 completed_after: completed_at.wrapping_sub(claimed_at),
                 ttl: expires_at.wrapping_sub(*completed_at),
                 response: match &compressed {
-                    Some((length, packed)) => ResponseRef::Lz4 {
+                    Some(Compressed::Lz4 { length, packed }) => ResponseRef::Lz4 {
                         length: *length,
                         packed,
                     },
-                    None => ResponseRef::Plain(response),
+                    Some(Compressed::No(encoded)) => ResponseRef::Plain(Fields::Encoded(encoded)),
+                    None => ResponseRef::Plain(Fields::Response(response)),
                 },
             }
         }
@@ -141,14 +170,21 @@ pub(super) fn encode_body(record: &Record, packing: Packing, out: &mut Vec<u8>) 
     bincode::encode_into_std_write(body, out, CONFIG).expect("encoding into a Vec cannot fail");
 }
 
-/// The response's encoding, compressed, with its length; `None` when that saves too little.
-fn compress(response: &StoredResponse) -> Option<(u64, Vec<u8>)> {
+/// The response's encoding, compressed when that saves enough.
+fn compress(response: &StoredResponse) -> Compressed {
     let raw = bincode::encode_to_vec(response, CONFIG).expect("encoding into a Vec cannot fail");
     if raw.len() < LZ4_MIN_INPUT {
-        return None;
+        return Compressed::No(raw);
     }
     let packed = lz4_flex::block::compress(&raw);
-    (packed.len() + LZ4_MIN_SAVING <= raw.len()).then_some((raw.len() as u64, packed))
+    if packed.len() + LZ4_MIN_SAVING <= raw.len() {
+        Compressed::Lz4 {
+            length: raw.len() as u64,
+            packed,
+        }
+    } else {
+        Compressed::No(raw)
+    }
 }
 
 fn decompress(length: u64, packed: &[u8]) -> Result<StoredResponse, DecodeFailure> {
@@ -293,19 +329,14 @@ mod golden {
     #[test]
     fn compressed_record_decodes() {
         let body = b"abcdabcdabcdabcdabcdabcdabcdabcdabcdabcdabcdabcdabcdabcdabcdabcdabcdabcdabcd";
-        let r = R {
-            fence: 7,
-            fingerprint: [0x22; 32],
-            claimed_at: 1,
-            state: RecordState::Completed {
-                completed_at: 2,
-                expires_at: 3,
-                response: StoredResponse {
-                    status: 200,
-                    headers: vec![],
-                    body: body.to_vec(),
-                },
-            },
+        let mut r = worked::completed();
+        let RecordState::Completed { response, .. } = &mut r.state else {
+            unreachable!("the worked record is completed")
+        };
+        *response = StoredResponse {
+            status: 200,
+            headers: vec![],
+            body: body.to_vec(),
         };
         let bytes = r.encode(KEY, Packing::Lz4);
         assert!(bytes.len() < r.encode(KEY, Packing::Plain).len());
@@ -331,5 +362,44 @@ mod golden {
             "8eb125e2",       // crc32
         ));
         assert_eq!(R::decode(&stored).unwrap(), (KEY, r));
+    }
+}
+
+#[cfg(test)]
+mod damage {
+    use super::super::{frame_end, frame_start, Record};
+    use super::*;
+
+    /// A compressed response whose stated length is past the decoder's limit is refused before
+    /// anything is allocated for it (a length that lies would otherwise make the decoder ask for
+    /// up to 2^64 bytes); one within the limit that does not match the block is refused too.
+    #[test]
+    fn a_compressed_length_that_lies_is_refused() {
+        for (length, says) in [
+            (u64::MAX / 2, "a compressed response of"),
+            (DECODE_LIMIT as u64 + 1, "a compressed response of"),
+            (1000, "the compressed response"),
+        ] {
+            let body = BodyRef {
+                fence: 7,
+                fingerprint: &[1; 32],
+                claimed_at: 1u64.to_le_bytes(),
+                state: StateRef::Completed {
+                    completed_after: 1,
+                    ttl: 1,
+                    response: ResponseRef::Lz4 {
+                        length,
+                        packed: &lz4_flex::block::compress(b"\xc8\x00\x02ok"),
+                    },
+                },
+            };
+            let mut value = frame_start(FORMAT, b"k");
+            bincode::encode_into_std_write(body, &mut value, CONFIG).unwrap();
+            let value = frame_end(value);
+            match Record::decode(&value) {
+                Err(DecodeFailure::Body(why)) => assert!(why.contains(says), "{length}: {why}"),
+                other => panic!("{length}: {other:?}"),
+            }
+        }
     }
 }
