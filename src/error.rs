@@ -187,7 +187,8 @@ pub enum Error {
 pub enum Damaged {
     /// A record of the store file.
     Record {
-        /// Where it is stored (its fence), when known.
+        /// Where it is stored, when known: the fence of its claim, or for a completion stored
+        /// apart from its claim (store format 7 on), a later fence of its own.
         fence: Option<u64>,
         /// Its scoped key as `"tenant"/"endpoint"/key` (non-printable bytes escaped), when it
         /// could be read.

@@ -560,7 +560,9 @@ impl Store {
     /// `ControlFlow::Break` or the query's limit is reached, and returns how many it handed
     /// over. Each comes with its status at the store's clock (in progress, stale, orphan,
     /// completed, expired) and all of it, the stored response included. On a file the records
-    /// come in fence order (oldest claim first); on PostgreSQL in key order.
+    /// come in the order they are stored: a claim in progress at its fence, a completion at the
+    /// fence it took when it completed (so claims in progress come oldest first, completions in
+    /// the order they completed, each naming its claim's fence); on PostgreSQL in key order.
     ///
     /// This is the inspection the `idemdb` command offers, for a service to offer it live: a
     /// file store cannot be opened by a second process while the service holds it.

@@ -146,6 +146,8 @@ on_every_engine! {
     }
 }
 
+/// Each completion here follows its claim at once, so its claim's fence ascends with the fence
+/// it is stored at.
 #[test]
 fn a_file_scan_hands_records_over_in_fence_order() {
     let (store, clock) = store();
@@ -158,6 +160,37 @@ fn a_file_scan_hands_records_over_in_fence_order() {
         .collect();
     assert_eq!(fences.len(), 5);
     assert!(fences.windows(2).all(|w| w[0] < w[1]), "{fences:?}");
+}
+
+/// A completion is stored at a fence of its own, taken when it completes, so a file hands
+/// completions over in the order they completed, each with its claim's fence (what its ticket
+/// and `get` say), and claims in progress in the order they were claimed. Before, the listing
+/// named the fence a completion was stored at, not its claim's.
+#[test]
+fn a_file_scan_hands_completions_over_in_the_order_they_completed_with_their_claims_fences() {
+    let (store, _clock) = store();
+    let a = Scope::new("acme", "POST /pay");
+    let first = acquire(&store, &a, "first");
+    let second = acquire(&store, &a, "second");
+    let held = acquire(&store, &a, "held");
+    let (first_fence, second_fence) = (first.fence(), second.fence());
+    store.complete(second, Response::new(201, "2")).unwrap();
+    store.complete(first, Response::new(201, "1")).unwrap();
+    let listed: Vec<(String, u64)> = store
+        .list(&Query::all())
+        .unwrap()
+        .into_iter()
+        .map(|r| (r.key, r.entry.fence))
+        .collect();
+    let expect = [
+        ("held".to_string(), held.fence()),
+        ("second".to_string(), second_fence),
+        ("first".to_string(), first_fence),
+    ];
+    assert_eq!(listed, expect);
+    for (key, fence) in &listed {
+        assert_eq!(store.get(&a, key).unwrap().unwrap().fence, *fence, "{key}");
+    }
 }
 
 #[test]

@@ -410,9 +410,10 @@ fn verify_passes_a_sound_store_and_names_the_damage_in_a_damaged_one() {
 fn verify_names_the_one_damaged_record_by_key_and_fence() {
     let dir = tempfile::tempdir().unwrap();
     let path = store_file(dir.path());
-    let fence = json(&["--json", "get", p(&path), "acme", "POST /pay", "paid"])["fence"]
+    let claimed = json(&["--json", "get", p(&path), "acme", "POST /pay", "paid"])["fence"]
         .as_u64()
         .unwrap();
+    let fence;
     {
         // One byte of the record's body flipped, inside a valid redb page: only idemdb's own
         // checksum can see it.
@@ -422,6 +423,19 @@ fn verify_names_the_one_damaged_record_by_key_and_fence() {
         let txn = db.begin_write().unwrap();
         {
             let mut table = txn.open_table(RECORDS).unwrap();
+            // A completion is stored at a fence of its own, after its claim's: the one record
+            // whose scoped key is "POST /pay" and "paid".
+            let paid = |v: &[u8]| v.windows(13).any(|w| w == b"POST /paypaid");
+            let stored: Vec<u64> = table
+                .iter()
+                .unwrap()
+                .map(|r| r.unwrap())
+                .filter(|(_, v)| paid(v.value()))
+                .map(|(k, _)| k.value())
+                .collect();
+            assert_eq!(stored.len(), 1, "{stored:?}");
+            fence = stored[0];
+            assert!(fence > claimed);
             let mut value = table.get(fence).unwrap().unwrap().value().to_vec();
             let last = value.len() - 5;
             value[last] ^= 0x20;

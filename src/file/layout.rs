@@ -27,12 +27,18 @@ pub(crate) const META: TableDefinition<&str, u64> = TableDefinition::new("meta")
 /// The store format this build writes. Format 2 added the store id and the journal's made size,
 /// and the journal's header and entry layout; format 3 the `heads` table and the hash secret;
 /// format 4 dropped the `expiry` table; format 5 added [`RECORD_COUNT_KEY`]; format 6 writes
-/// records of record format 2 (beside the format 1 records it holds from before). A file of
-/// format 2, 3, 4 or 5 is upgraded at its first open ([`rebuild_heads`], [`drop_expiry_table`],
-/// [`count_records`]); any other is refused, and an older build refuses a file of format 5 (it
-/// would change the records without keeping their count, which the next open would take for
-/// damage) or 6 (it would answer `Corrupted` for every record of format 2).
-pub(crate) const STORE_FORMAT: u64 = 6;
+/// records of record format 2 (beside the format 1 records it holds from before); format 7
+/// writes a completion at a fence of its own, apart from its claim's. A file of format 2 to 6
+/// is upgraded at its first open ([`rebuild_heads`], [`drop_expiry_table`], [`count_records`]);
+/// any other is refused, and an older build refuses a file of format 5 (it would change the
+/// records without keeping their count, which the next open would take for damage), 6 (it
+/// would answer `Corrupted` for every record of format 2) or 7 (the same for every completion
+/// stored apart).
+pub(crate) const STORE_FORMAT: u64 = 7;
+
+/// The format whose completions are all at their claims' fences, upgraded by [`count_records`]
+/// (which only writes the new format).
+pub(crate) const CLAIM_PLACED_FORMAT: u64 = 6;
 
 /// The format whose records are all of record format 1, upgraded by [`count_records`] (which
 /// only writes the new format: the count it keeps is already there).
@@ -125,10 +131,12 @@ pub(crate) fn meta(db: &Database) -> Result<Meta> {
     };
     let format = get(FORMAT_KEY)?;
     let secret = match format {
-        STORE_FORMAT | RECORD_1_FORMAT | UNCOUNTED_FORMAT | EXPIRY_FORMAT => Some(SipKey {
-            k0: get(SECRET_KEYS[0])?,
-            k1: get(SECRET_KEYS[1])?,
-        }),
+        STORE_FORMAT | CLAIM_PLACED_FORMAT | RECORD_1_FORMAT | UNCOUNTED_FORMAT | EXPIRY_FORMAT => {
+            Some(SipKey {
+                k0: get(SECRET_KEYS[0])?,
+                k1: get(SECRET_KEYS[1])?,
+            })
+        }
         HEADLESS_FORMAT => None,
         found => {
             return Err(Error::UnsupportedFormat {
@@ -146,7 +154,7 @@ pub(crate) fn meta(db: &Database) -> Result<Meta> {
         journal_bytes: get(JOURNAL_BYTES_KEY)?,
         journal_header: get(JOURNAL_HEADER_KEY)?,
         record_count: match format {
-            STORE_FORMAT | RECORD_1_FORMAT => Some(get(RECORD_COUNT_KEY)?),
+            STORE_FORMAT | CLAIM_PLACED_FORMAT | RECORD_1_FORMAT => Some(get(RECORD_COUNT_KEY)?),
             _ => None,
         },
     };

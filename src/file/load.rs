@@ -33,13 +33,14 @@ pub(crate) enum Scan {
     HeadsDamaged(String),
 }
 
-/// A record must sit at its own fence and carry a valid scoped key.
-pub(super) fn check_place(fence: u64, key: &[u8], record_fence: u64) -> Result<()> {
-    if record_fence != fence {
+/// A record must sit at the fence it names as its place (its claim's, or a completion's own)
+/// and carry a valid scoped key.
+pub(super) fn check_place(fence: u64, key: &[u8], place: u64) -> Result<()> {
+    if place != fence {
         return Err(corrupted(
             fence,
             key,
-            format!("it says it is the record of fence {record_fence}"),
+            format!("it says it is stored at fence {place}"),
         ));
     }
     if crate::model::scope::scoped_key_parts(key).is_none() {

@@ -48,15 +48,16 @@ pub(super) fn corrupted(fence: u64, key: &[u8], reason: impl ToString) -> Error 
 
 /// Decodes and verifies the record stored at `fence`.
 pub(super) fn decode_at(fence: u64, value: &[u8]) -> Result<(&[u8], Record)> {
-    let (key, record) = Record::decode(value).map_err(|e| damaged(fence, value, e))?;
-    check_place(fence, key, record.fence)?;
+    let (key, record, place) =
+        Record::decode_placed(value).map_err(|e| damaged(fence, value, e))?;
+    check_place(fence, key, place)?;
     Ok((key, record))
 }
 
 /// Decodes and verifies the head of the record stored at `fence`.
 pub(super) fn decode_head_at(fence: u64, value: &[u8]) -> Result<(&[u8], Head)> {
-    let (key, head) = Record::decode_head(value).map_err(|e| damaged(fence, value, e))?;
-    check_place(fence, key, head.fence)?;
+    let (key, head, place) = Record::decode_head(value).map_err(|e| damaged(fence, value, e))?;
+    check_place(fence, key, place)?;
     Ok((key, head))
 }
 

@@ -80,6 +80,8 @@ impl FileStore {
                     continue;
                 };
                 let (fingerprint, claimed_at) = (record.fingerprint(), record.claimed_at);
+                // The claim's fence, which a completion stored apart keeps naming.
+                let fence = record.fence;
                 let (state, orphan) = match (slot.state(), record.state) {
                     (
                         SlotState::Completed { .. },
@@ -110,7 +112,7 @@ impl FileStore {
                 let moved = Moved {
                     scope,
                     key,
-                    fence: slot.fence(),
+                    fence,
                     fingerprint,
                     claimed_at,
                     state,

@@ -475,8 +475,15 @@ impl FileStore {
         Ok(())
     }
 
-    /// Queues a completion; [`FileStore::mark_durable`] once it is durable. The ticket was
-    /// checked at the seam (this store's, the response within the limit).
+    /// Queues a completion; [`FileStore::mark_durable`] with the fence it returns once it is
+    /// durable. The ticket was checked at the seam (this store's, the response within the
+    /// limit).
+    ///
+    /// The completed record is written at a fence of its own, taken in queue order, and
+    /// replaces the claim's record in the same transaction: completions are appended to the
+    /// records table in rising order and fill its leaves, where rewriting the claim's record in
+    /// place, three times its size, would split leaves packed with claims (`docs/design.md`,
+    /// "Where a completion is stored"). The record still names its claim's fence.
     pub(crate) fn complete_start(
         &self,
         mut ticket: Ticket,
@@ -497,26 +504,30 @@ impl FileStore {
                 response: response.into(),
             },
         };
-        let value = record.encode(ticket.key(), inner.config.packing());
-        let seq = {
+        let packed = record.pack(inner.config.packing());
+        let (seq, place) = {
             let mut stripe = inner.index.lock(&hash);
             let slot = held(&mut stripe, &hash, &ticket)?;
-            let seq = inner.pipeline.enqueue(Op::Put {
-                fence: ticket.fence(),
-                value,
-                expiry: Some(expires_at),
-                replaces: None,
+            let (seq, place) = inner.pipeline.enqueue_with(|| {
+                let place = inner.next_fence.fetch_add(1, Ordering::Relaxed);
+                let op = Op::Put {
+                    fence: place,
+                    value: packed.encode_at(place, ticket.key()),
+                    expiry: Some(expires_at),
+                    replaces: Some(Gone::of(slot)),
+                };
+                (op, place)
             })?;
-            slot.set_state(SlotState::Completed {
+            let state = SlotState::Completed {
                 expires_at,
                 durable: false,
-            });
-            seq
+            };
+            *slot = Slot::new(place, slot.tag(), state);
+            (seq, place)
         };
         inner.config.observer.census(-1, 1);
-        let fence = ticket.fence();
         ticket.spend();
-        Ok((seq, hash, fence))
+        Ok((seq, hash, place))
     }
 
     pub(crate) fn release(&self, mut ticket: Ticket) -> Result<()> {
@@ -645,6 +656,7 @@ impl FileStore {
                 continue;
             };
             let (fingerprint, claimed_at) = (record.fingerprint(), record.claimed_at);
+            let fence = record.fence;
             let state = match (slot.state(), record.state) {
                 (
                     SlotState::InProgress {
@@ -671,7 +683,7 @@ impl FileStore {
                 (SlotState::Completed { .. }, Stored::InProgress { .. }) => continue,
             };
             return Ok(Some(Entry {
-                fence: slot.fence(),
+                fence,
                 fingerprint,
                 claimed_at: from_millis(claimed_at),
                 state,

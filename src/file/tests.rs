@@ -936,25 +936,18 @@ fn record_formats(disk: &SimDisk) -> Vec<u8> {
     record_values(disk).iter().map(|v| v[0]).collect()
 }
 
-/// A store of format 5 holds records of record format 1 only. Its first open reads them as
-/// they are and writes store format 6 (after which an older build refuses the file rather
-/// than fail on each newer record); what it writes then is of record format 2, and the two
-/// kinds answer side by side, across a power loss. Without the decoder of format 1 kept, every
-/// stored key would be `Corrupted`; without the format written, a format-5 build would open the
-/// file and answer `Corrupted` for every record written since.
-#[test]
-fn a_format_5_file_keeps_its_format_1_records_and_writes_format_2_beside_them() {
+/// Rewrites the store on `disk` as a store of `format` (5 or 6) would hold it: every record
+/// at its claim's fence, of record format 1 for format 5.
+fn as_claim_placed_format(disk: &SimDisk, format: u64) {
     use crate::file::batch::head_of;
     use crate::file::hashing::Hashing;
     use crate::file::heads::HEADS;
-    use crate::file::layout::{FORMAT_KEY, META, RECORDS, STORE_FORMAT};
-    use crate::file::record::{format1, Record};
+    use crate::file::layout::{FORMAT_KEY, META, RECORDS};
+    use crate::file::record::{format1, Packing, Record};
     use redb::ReadableTable;
-    let disk = SimDisk::new();
-    ten_paid_and_one_held(open(&disk));
-    let hashing = Hashing::new(file_meta(&disk).secret.unwrap());
+    let hashing = Hashing::new(file_meta(disk).secret.unwrap());
     edit_file_keeping_count(
-        &disk,
+        disk,
         |txn| {
             let mut records = txn.open_table(RECORDS).unwrap();
             let mut heads = txn.open_table(HEADS).unwrap();
@@ -963,19 +956,50 @@ fn a_format_5_file_keeps_its_format_1_records_and_writes_format_2_beside_them() 
                 .unwrap()
                 .map(|r| r.map(|(k, v)| (k.value(), v.value().to_vec())).unwrap())
                 .collect();
-            for (fence, value) in all {
+            for (place, value) in all {
                 let (key, record) = Record::decode(&value).unwrap();
-                let old = format1::encode(&record, key);
-                records.insert(fence, old.as_slice()).unwrap();
-                heads
-                    .insert(fence, head_of(&hashing, fence, &old).unwrap())
-                    .unwrap();
+                let old = match format {
+                    5 => format1::encode(&record, key),
+                    _ => record.encode(key, Packing::Plain),
+                };
+                records.remove(place).unwrap();
+                heads.remove(place).unwrap();
+                records.insert(record.fence, old.as_slice()).unwrap();
+                let head = head_of(&hashing, record.fence, &old).unwrap();
+                heads.insert(record.fence, head).unwrap();
             }
-            txn.open_table(META).unwrap().insert(FORMAT_KEY, 5).unwrap();
+            txn.open_table(META)
+                .unwrap()
+                .insert(FORMAT_KEY, format)
+                .unwrap();
         },
         false,
     );
-    assert_eq!(file_meta(&disk).format, 5);
+    assert_eq!(file_meta(disk).format, format);
+}
+
+/// Each record's claim's fence and the fence it is stored at, in the order they are stored.
+fn record_places(disk: &SimDisk) -> Vec<(u64, u64)> {
+    use crate::file::record::Record;
+    let values = record_values(disk);
+    let placed = values.iter().map(|v| Record::decode_placed(v).unwrap());
+    placed
+        .map(|(_, record, place)| (record.fence, place))
+        .collect()
+}
+
+/// A store of format 5 holds records of record format 1 only. Its first open reads them as
+/// they are and writes the current store format (after which an older build refuses the file
+/// rather than fail on each newer record); what it writes then is of record format 2, and the
+/// two kinds answer side by side, across a power loss. Without the decoder of format 1 kept,
+/// every stored key would be `Corrupted`; without the format written, a format-5 build would
+/// open the file and answer `Corrupted` for every record written since.
+#[test]
+fn a_format_5_file_keeps_its_format_1_records_and_writes_format_2_beside_them() {
+    use crate::file::layout::STORE_FORMAT;
+    let disk = SimDisk::new();
+    ten_paid_and_one_held(open(&disk));
+    as_claim_placed_format(&disk, 5);
     assert_eq!(record_formats(&disk), vec![1; 11]);
     let store = open(&disk);
     replays_the_ten_paid(&store);
@@ -997,6 +1021,40 @@ fn a_format_5_file_keeps_its_format_1_records_and_writes_format_2_beside_them() 
         Claim::Replay(r) => assert_eq!(r.body(), b"paid"),
         other => panic!("new: {other:?}"),
     }
+}
+
+/// A store of format 6 holds every completion at its claim's fence. Its first open reads them
+/// there and writes store format 7, after which completions are stored apart, at fences of
+/// their own (which a format-6 build would take for damage, so it refuses the file); old and
+/// new completions answer side by side, across a power loss.
+#[test]
+fn a_format_6_file_keeps_its_completions_in_place_and_stores_new_ones_apart() {
+    use crate::file::layout::STORE_FORMAT;
+    let disk = SimDisk::new();
+    ten_paid_and_one_held(open(&disk));
+    as_claim_placed_format(&disk, 6);
+    let before = record_places(&disk);
+    assert!(before.iter().all(|(fence, place)| fence == place));
+    let store = open(&disk);
+    replays_the_ten_paid(&store);
+    let ticket = acquire(&store, "new");
+    let fence = ticket.fence();
+    store.complete(ticket, Response::new(201, "paid")).unwrap();
+    drop(store);
+    disk.crash(CrashImage::Durable);
+    assert_eq!(file_meta(&disk).format, STORE_FORMAT);
+    let mut after = record_places(&disk);
+    let (claimed, placed) = after.pop().unwrap();
+    assert_eq!(claimed, fence, "the new completion names its claim's fence");
+    assert!(placed > fence, "and is stored apart, at {placed}");
+    assert_eq!(after, before, "the old records stay where they were");
+    let store = open(&disk);
+    replays_the_ten_paid(&store);
+    match store.claim(&scope(), "new", fp()).unwrap() {
+        Claim::Replay(r) => assert_eq!(r.body(), b"paid"),
+        other => panic!("new: {other:?}"),
+    }
+    assert_eq!(store.get(&scope(), "new").unwrap().unwrap().fence, fence);
 }
 
 /// A store that compresses responses and one that does not open the same file: every record

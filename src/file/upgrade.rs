@@ -75,10 +75,10 @@ pub(crate) fn drop_expiry_table(db: &Database) -> Result<()> {
     Ok(())
 }
 
-/// Upgrades a file of format 4 or 5 (or one an upgrade above just brought to 4) to
+/// Upgrades a file of format 4, 5 or 6 (or one an upgrade above just brought to 4) to
 /// [`STORE_FORMAT`] in one durable commit: records how many records it holds (`record_count`;
-/// format 5 kept it already, and the open has checked it) and the format, after which records
-/// of record format 2 may be written. Run last in the open, once every check the open makes
+/// formats 5 and 6 kept it already, and the open has checked it) and the format, after which
+/// records of record format 2, and completions apart from their claims, may be written. Run last in the open, once every check the open makes
 /// has passed, so that a damaged file is refused unchanged rather than counted; nothing before
 /// it writes a record. A crash before the commit leaves the old format, upgraded again at the
 /// next open. (What a format 4 file holds cannot be checked against a count it never kept:

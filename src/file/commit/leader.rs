@@ -23,13 +23,24 @@ impl Shared {
     /// Queues `op`. Call it while holding the stripe lock of the op's key, so the queue order
     /// of one key's ops is the order the index applied them.
     pub(crate) fn enqueue(&self, op: Op) -> Result<Seq> {
+        self.enqueue_with(|| (op, ())).map(|(seq, ())| seq)
+    }
+
+    /// Queues the op `make` returns, made under the queue's lock: whatever it draws from a
+    /// counter is in queue order. A completion takes its fence so, and completions are then
+    /// appended to the records table in rising order, which keeps its leaves full (keys taken
+    /// outside the lock arrive a little out of order, and leave them far emptier: see
+    /// `docs/design.md`). `make` must be quick (a copy and a
+    /// checksum): every queueing caller waits for it.
+    pub(crate) fn enqueue_with<T>(&self, make: impl FnOnce() -> (Op, T)) -> Result<(Seq, T)> {
         let mut s = self.state.lock();
         if let Some(cause) = &s.halted {
             return Err(halted(cause));
         }
+        let (op, made) = make();
         s.queue.push(op);
         s.next += 1;
-        Ok(Seq(s.next - 1))
+        Ok((Seq(s.next - 1), made))
     }
 
     /// Returns once `seq` is durable, committing batches as the leader when nobody else is.

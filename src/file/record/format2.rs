@@ -1,6 +1,8 @@
 //! Record format 2, what this build writes (store format 6 on): the body is bincode 2 with
 //! variable-width integers, times after the claim's as offsets from the time before them, and
-//! the response either as it is or lz4-compressed, which its variant says.
+//! the response either as it is or lz4-compressed, which its variant says. From store format 7
+//! a completed record may be stored apart from its claim, at a fence of its own, which its
+//! state's variant says with the distance between the two.
 
 use super::{decode_all, decode_front, DecodeFailure, Head, HeadState, Packing, Record};
 use super::{RecordState, StoredResponse, DECODE_LIMIT};
@@ -46,6 +48,14 @@ enum StateRef<'a> {
         /// `completed_at - claimed_at`, wrapping.
         completed_after: u64,
         /// `expires_at - completed_at`, wrapping.
+        ttl: u64,
+        response: ResponseRef<'a>,
+    },
+    /// Completed, and stored at a fence of its own: `fence + placed_after` (store format 7 on).
+    CompletedApart {
+        /// Above zero: a completion at its claim's fence is `Completed`.
+        placed_after: u64,
+        completed_after: u64,
         ttl: u64,
         response: ResponseRef<'a>,
     },
@@ -108,6 +118,12 @@ enum State {
         ttl: u64,
         response: Packed,
     },
+    CompletedApart {
+        placed_after: u64,
+        completed_after: u64,
+        ttl: u64,
+        response: Packed,
+    },
 }
 
 #[derive(Decode)]
@@ -127,37 +143,70 @@ struct BodyHead {
 
 #[derive(Decode)]
 enum StateHead {
-    InProgress { lease_for: u64 },
-    Completed { completed_after: u64, ttl: u64 },
+    InProgress {
+        lease_for: u64,
+    },
+    Completed {
+        completed_after: u64,
+        ttl: u64,
+    },
+    CompletedApart {
+        placed_after: u64,
+        completed_after: u64,
+        ttl: u64,
+    },
 }
 
-pub(super) fn encode_body(record: &Record, packing: Packing, out: &mut Vec<u8>) {
+/// A completed record's response packed as [`Packing`] asks, before the record is encoded:
+/// `None` for a record in progress, or one whose response is written as it is.
+pub(crate) struct PackedResponse(Option<Compressed>);
+
+pub(super) fn pack(record: &Record, packing: Packing) -> PackedResponse {
+    PackedResponse(match (&record.state, packing) {
+        (RecordState::Completed { response, .. }, Packing::Lz4) => Some(compress(response)),
+        _ => None,
+    })
+}
+
+/// Encodes `record`'s body, with its response as `packed`, for the record stored at fence
+/// `place`: its claim's fence, or (a completed record only) a later one.
+pub(super) fn encode_body(record: &Record, packed: &PackedResponse, place: u64, out: &mut Vec<u8>) {
     let claimed_at = record.claimed_at;
-    let compressed;
     let state = match &record.state {
-        RecordState::InProgress { lease_until } => StateRef::InProgress {
-            lease_for: lease_until.wrapping_sub(claimed_at),
-        },
+        RecordState::InProgress { lease_until } => {
+            debug_assert_eq!(place, record.fence, "a claim is stored at its own fence");
+            StateRef::InProgress {
+                lease_for: lease_until.wrapping_sub(claimed_at),
+            }
+        }
         RecordState::Completed {
             completed_at,
             expires_at,
             response,
         } => {
-            compressed = match packing {
-                Packing::Plain => None,
-                Packing::Lz4 => Some(compress(response)),
-            };
-            StateRef::Completed {
-                completed_after: completed_at.wrapping_sub(claimed_at),
-                ttl: expires_at.wrapping_sub(*completed_at),
-                response: match &compressed {
-                    Some(Compressed::Lz4 { length, packed }) => ResponseRef::Lz4 {
-                        length: *length,
-                        packed,
-                    },
-                    Some(Compressed::No(encoded)) => ResponseRef::Plain(Fields::Encoded(encoded)),
-                    None => ResponseRef::Plain(Fields::Response(response)),
+            let completed_after = completed_at.wrapping_sub(claimed_at);
+            let ttl = expires_at.wrapping_sub(*completed_at);
+            let response = match &packed.0 {
+                Some(Compressed::Lz4 { length, packed }) => ResponseRef::Lz4 {
+                    length: *length,
+                    packed,
                 },
+                Some(Compressed::No(encoded)) => ResponseRef::Plain(Fields::Encoded(encoded)),
+                None => ResponseRef::Plain(Fields::Response(response)),
+            };
+            match place.checked_sub(record.fence) {
+                Some(0) => StateRef::Completed {
+                    completed_after,
+                    ttl,
+                    response,
+                },
+                Some(placed_after) => StateRef::CompletedApart {
+                    placed_after,
+                    completed_after,
+                    ttl,
+                    response,
+                },
+                None => unreachable!("a completion is stored at or after its claim's fence"),
             }
         }
     };
@@ -203,61 +252,111 @@ fn decompress(length: u64, packed: &[u8]) -> Result<StoredResponse, DecodeFailur
     decode_all(&raw, CONFIG)
 }
 
-pub(super) fn decode(body: &[u8]) -> Result<Record, DecodeFailure> {
+/// Decodes a body into its record and the fence it says it is stored at.
+pub(super) fn decode(body: &[u8]) -> Result<(Record, u64), DecodeFailure> {
     let body: Body = decode_all(body, CONFIG)?;
     let claimed_at = u64::from_le_bytes(body.claimed_at);
-    let state = match body.state {
-        State::InProgress { lease_for } => RecordState::InProgress {
-            lease_until: claimed_at.wrapping_add(lease_for),
-        },
+    let (state, placed_after) = match body.state {
+        State::InProgress { lease_for } => (
+            RecordState::InProgress {
+                lease_until: claimed_at.wrapping_add(lease_for),
+            },
+            0,
+        ),
         State::Completed {
             completed_after,
             ttl,
             response,
-        } => {
-            let completed_at = claimed_at.wrapping_add(completed_after);
-            RecordState::Completed {
-                completed_at,
-                expires_at: completed_at.wrapping_add(ttl),
-                response: match response {
-                    Packed::Plain(response) => response,
-                    Packed::Lz4 { length, packed } => decompress(length, &packed)?,
-                },
-            }
-        }
+        } => (completed(claimed_at, completed_after, ttl, response)?, 0),
+        State::CompletedApart {
+            placed_after,
+            completed_after,
+            ttl,
+            response,
+        } => (
+            completed(claimed_at, completed_after, ttl, response)?,
+            apart(placed_after)?,
+        ),
     };
-    Ok(Record {
+    let place = placed(body.fence, placed_after)?;
+    let record = Record {
         fence: body.fence,
         fingerprint: body.fingerprint,
         claimed_at,
         state,
+    };
+    Ok((record, place))
+}
+
+fn completed(
+    claimed_at: u64,
+    completed_after: u64,
+    ttl: u64,
+    response: Packed,
+) -> Result<RecordState, DecodeFailure> {
+    let completed_at = claimed_at.wrapping_add(completed_after);
+    Ok(RecordState::Completed {
+        completed_at,
+        expires_at: completed_at.wrapping_add(ttl),
+        response: match response {
+            Packed::Plain(response) => response,
+            Packed::Lz4 { length, packed } => decompress(length, &packed)?,
+        },
     })
 }
 
-pub(super) fn decode_head(body: &[u8]) -> Result<Head, DecodeFailure> {
+/// A completion apart from its claim is at least one fence after it: one encoding per record.
+fn apart(placed_after: u64) -> Result<u64, DecodeFailure> {
+    if placed_after == 0 {
+        return Err(DecodeFailure::Body(
+            "a completion apart from its claim at its claim's fence".into(),
+        ));
+    }
+    Ok(placed_after)
+}
+
+fn placed(fence: u64, placed_after: u64) -> Result<u64, DecodeFailure> {
+    fence
+        .checked_add(placed_after)
+        .ok_or_else(|| DecodeFailure::Body(format!("fence {fence} + {placed_after} is past 2^64")))
+}
+
+/// Decodes a body's front into its [`Head`] and the fence it says it is stored at.
+pub(super) fn decode_head(body: &[u8]) -> Result<(Head, u64), DecodeFailure> {
     let head: BodyHead = decode_front(body, CONFIG)?;
     let claimed_at = u64::from_le_bytes(head.claimed_at);
-    let state = match head.state {
-        StateHead::InProgress { lease_for } => HeadState::InProgress {
-            lease_until: claimed_at.wrapping_add(lease_for),
-        },
+    let completed = |completed_after: u64, ttl: u64| {
+        let completed_at = claimed_at.wrapping_add(completed_after);
+        HeadState::Completed {
+            completed_at,
+            expires_at: completed_at.wrapping_add(ttl),
+        }
+    };
+    let (state, placed_after) = match head.state {
+        StateHead::InProgress { lease_for } => (
+            HeadState::InProgress {
+                lease_until: claimed_at.wrapping_add(lease_for),
+            },
+            0,
+        ),
         StateHead::Completed {
             completed_after,
             ttl,
-        } => {
-            let completed_at = claimed_at.wrapping_add(completed_after);
-            HeadState::Completed {
-                completed_at,
-                expires_at: completed_at.wrapping_add(ttl),
-            }
-        }
+        } => (completed(completed_after, ttl), 0),
+        StateHead::CompletedApart {
+            placed_after,
+            completed_after,
+            ttl,
+        } => (completed(completed_after, ttl), apart(placed_after)?),
     };
-    Ok(Head {
+    let place = placed(head.fence, placed_after)?;
+    let head = Head {
         fence: head.fence,
         fingerprint: head.fingerprint,
         claimed_at,
         state,
-    })
+    };
+    Ok((head, place))
 }
 
 /// Pins format 2 byte for byte (`docs/format.md` walks through these bytes). If this test
@@ -322,6 +421,38 @@ mod golden {
         assert_eq!(hex(body), expect);
         assert_eq!(hex(crc), "eba8fc36");
         assert_eq!(R::decode(&bytes).unwrap(), (KEY, r));
+    }
+
+    /// A completion stored apart from its claim (store format 7 on): the state's third
+    /// variant, with the distance from the claim's fence to the fence it is stored at.
+    #[test]
+    fn completed_apart_record_bytes() {
+        let r = worked::completed();
+        let expect = concat!(
+            "02",                                                               // format
+            "0600",                                                             // key length
+            "01740001656b",                                                     // scoped key
+            "07",                                                               // claim's fence
+            "2222222222222222222222222222222222222222222222222222222222222222", // fingerprint
+            "0100000000000000",                                                 // claimed_at
+            "02",                                                               // CompletedApart
+            "02",                                                               // placed_after
+            "01",                                                               // completed_after
+            "01",                                                               // ttl
+            "00",                                                               // Plain
+            "c9",                                                               // status 201
+            "01",                                                               // 1 header
+            "0161",                                                             // "a"
+            "026263",                                                           // "bc"
+            "026f6b",                                                           // body "ok"
+        );
+        let bytes = r.pack(Packing::Plain).encode_at(9, KEY);
+        let (body, crc) = bytes.split_at(bytes.len() - 4);
+        assert_eq!(hex(body), expect);
+        assert_eq!(hex(crc), "50126180");
+        assert_eq!(R::decode_placed(&bytes).unwrap(), (KEY, r.clone(), 9));
+        let (_, head, place) = R::decode_head(&bytes).unwrap();
+        assert_eq!((head, place), (r.head(), 9));
     }
 
     /// A compressed response: these bytes must decode to this record whatever the compressor
@@ -399,6 +530,45 @@ mod damage {
             match Record::decode(&value) {
                 Err(DecodeFailure::Body(why)) => assert!(why.contains(says), "{length}: {why}"),
                 other => panic!("{length}: {other:?}"),
+            }
+        }
+    }
+
+    /// A completion apart from its claim must be stored after it, and within the fences: a
+    /// distance of zero (a second encoding of `Completed`) or one past 2^64 is refused, by the
+    /// head's decoder as by the record's.
+    #[test]
+    fn a_completion_apart_at_no_distance_or_past_the_fences_is_refused() {
+        for (fence, placed_after, says) in [
+            (7, 0, "at its claim's fence"),
+            (u64::MAX - 1, 2, "past 2^64"),
+        ] {
+            let response = StoredResponse {
+                status: 200,
+                headers: vec![],
+                body: b"ok".to_vec(),
+            };
+            let body = BodyRef {
+                fence,
+                fingerprint: &[1; 32],
+                claimed_at: 1u64.to_le_bytes(),
+                state: StateRef::CompletedApart {
+                    placed_after,
+                    completed_after: 1,
+                    ttl: 1,
+                    response: ResponseRef::Plain(Fields::Response(&response)),
+                },
+            };
+            let mut value = frame_start(FORMAT, b"k");
+            bincode::encode_into_std_write(body, &mut value, CONFIG).unwrap();
+            let value = frame_end(value);
+            match Record::decode(&value) {
+                Err(DecodeFailure::Body(why)) => assert!(why.contains(says), "{why}"),
+                other => panic!("{placed_after}: {other:?}"),
+            }
+            match Record::decode_head(&value) {
+                Err(DecodeFailure::Body(why)) => assert!(why.contains(says), "{why}"),
+                other => panic!("{placed_after}: {other:?}"),
             }
         }
     }

@@ -152,14 +152,21 @@ impl Record {
     }
 
     /// `[format: u8][scoped key length: u16 LE][scoped key][body][crc32 LE of every byte before
-    /// it]`, in [`RECORD_FORMAT`]. The record carries its own key because the table is keyed by
-    /// fence.
+    /// it]`, in [`RECORD_FORMAT`], for the record stored at its claim's fence. The record carries
+    /// its own key because the table is keyed by fence.
     pub(crate) fn encode(&self, scoped_key: &[u8], packing: Packing) -> Vec<u8> {
-        let mut out = frame_start(RECORD_FORMAT, scoped_key);
-        format2::encode_body(self, packing, &mut out);
-        frame_end(out)
+        self.pack(packing).encode_at(self.fence, scoped_key)
     }
 
+    /// The record with its response packed as `packing` asks (compressed, if that pays), to
+    /// be encoded at a fence decided later: [`PackedRecord::encode_at`] then only copies and
+    /// checksums.
+    pub(crate) fn pack(&self, packing: Packing) -> PackedRecord<'_> {
+        PackedRecord {
+            record: self,
+            response: format2::pack(self, packing),
+        }
+    }
     /// The scoped key a damaged value says it belongs to, unverified: for error messages only.
     pub(crate) fn unverified_key(value: &[u8]) -> Option<&[u8]> {
         let len = usize::from(u16::from_le_bytes([*value.get(1)?, *value.get(2)?]));
@@ -168,25 +175,42 @@ impl Record {
 
     /// Verifies and decodes a stored value, of any format this build reads, into its scoped key
     /// and record.
+    #[cfg(test)]
     pub(crate) fn decode(value: &[u8]) -> Result<(&[u8], Record), DecodeFailure> {
-        let (format, key, body) = Record::frame(value)?;
-        let record = match format {
-            format1::FORMAT => format1::decode(body)?,
-            _ => format2::decode(body)?,
-        };
-        Ok((key, record))
+        Record::decode_placed(value).map(|(key, record, _)| (key, record))
     }
 
-    /// Verifies a stored value's checksum and decodes its scoped key and [`Head`], leaving the
-    /// response undecoded: what the open needs of every record. A response that does not decode
-    /// despite a good checksum (which only a bug could write) is reported when it is read.
-    pub(crate) fn decode_head(value: &[u8]) -> Result<(&[u8], Head), DecodeFailure> {
+    /// Verifies and decodes a stored value, of any format this build reads, into its scoped
+    /// key, its record and the fence it says it is stored at (which the caller checks against
+    /// the fence it was read at): its claim's, or a completion's own.
+    pub(crate) fn decode_placed(value: &[u8]) -> Result<(&[u8], Record, u64), DecodeFailure> {
         let (format, key, body) = Record::frame(value)?;
-        let head = match format {
-            format1::FORMAT => format1::decode_head(body)?,
+        let (record, place) = match format {
+            format1::FORMAT => {
+                let record = format1::decode(body)?;
+                let fence = record.fence;
+                (record, fence)
+            }
+            _ => format2::decode(body)?,
+        };
+        Ok((key, record, place))
+    }
+
+    /// Verifies a stored value's checksum and decodes its scoped key, its [`Head`] and the
+    /// fence it says it is stored at, leaving the response undecoded: what the open needs of
+    /// every record. A response that does not decode despite a good checksum (which only a bug
+    /// could write) is reported when it is read.
+    pub(crate) fn decode_head(value: &[u8]) -> Result<(&[u8], Head, u64), DecodeFailure> {
+        let (format, key, body) = Record::frame(value)?;
+        let (head, place) = match format {
+            format1::FORMAT => {
+                let head = format1::decode_head(body)?;
+                let fence = head.fence;
+                (head, fence)
+            }
             _ => format2::decode_head(body)?,
         };
-        Ok((key, head))
+        Ok((key, head, place))
     }
 
     /// Checks the checksum and the format byte, and splits the key from the body.
@@ -209,6 +233,22 @@ impl Record {
             .split_at_checked(len)
             .ok_or(DecodeFailure::TooShort)?;
         Ok((format, key, body))
+    }
+}
+
+/// A record with its response packed ([`Record::pack`]).
+pub(crate) struct PackedRecord<'a> {
+    record: &'a Record,
+    response: format2::PackedResponse,
+}
+
+impl PackedRecord<'_> {
+    /// The stored value of the record at fence `place`: its claim's fence, or for a completed
+    /// record a later one of its own (store format 7 on), which the value then names.
+    pub(crate) fn encode_at(&self, place: u64, scoped_key: &[u8]) -> Vec<u8> {
+        let mut out = frame_start(RECORD_FORMAT, scoped_key);
+        format2::encode_body(self.record, &self.response, place, &mut out);
+        frame_end(out)
     }
 }
 
@@ -332,8 +372,8 @@ mod tests {
             (in_progress, HeadState::InProgress { lease_until: 5_000 }),
         ] {
             let value = record.encode(b"k", Packing::Plain);
-            let (key, head) = Record::decode_head(&value).unwrap();
-            assert_eq!(key, b"k");
+            let (key, head, place) = Record::decode_head(&value).unwrap();
+            assert_eq!((key, place), (&b"k"[..], 77));
             assert_eq!(
                 head,
                 Head {
@@ -479,11 +519,18 @@ mod properties {
             r in any_record(),
             key in proptest::collection::vec(any::<u8>(), 1..1300),
             packing in prop_oneof![Just(Packing::Plain), Just(Packing::Lz4)],
+            apart in prop_oneof![Just(0u64), 1..200u64, Just(u64::MAX)],
         ) {
             let bytes = r.encode(&key, packing);
             prop_assert_eq!(Record::decode(&bytes).unwrap(), (&key[..], r.clone()));
-            let head = Record::decode_head(&bytes).unwrap().1;
-            prop_assert_eq!(head, r.head());
+            let head = Record::decode_head(&bytes).unwrap();
+            prop_assert_eq!(head, (&key[..], r.head(), r.fence));
+            // A completion stored at a fence of its own says where.
+            if let (RecordState::Completed { .. }, Some(place)) = (&r.state, r.fence.checked_add(apart)) {
+                let bytes = r.pack(packing).encode_at(place, &key);
+                prop_assert_eq!(Record::decode_placed(&bytes).unwrap(), (&key[..], r.clone(), place));
+                prop_assert_eq!(Record::decode_head(&bytes).unwrap(), (&key[..], r.head(), place));
+            }
             // What a store of format 5 or before wrote still reads the same.
             let old = format1::encode(&r, &key);
             prop_assert_eq!(Record::decode(&old).unwrap(), (&key[..], r.clone()));
