@@ -34,7 +34,8 @@ struct Cli {
 enum Command {
     /// Records by status and by tenant, file sizes, the highest fence, the oldest claim.
     Stats(Store),
-    /// Records, oldest claim first (by fence) on a file, by key on PostgreSQL.
+    /// Records, in the order stored on a file (by fence: claims in progress oldest first,
+    /// completions in the order they completed), by key on PostgreSQL.
     List(inspect::ListArgs),
     /// One record, with its stored response.
     Get(inspect::GetArgs),
