@@ -3,8 +3,11 @@
 //! 64 tasks on a tokio runtime of two worker threads calling the async API (what the HTTP
 //! layer does). Every request is a new key, answered `Acquired`, completed with a 256-byte
 //! response. Prints one table: requests per second, and CPU time per request, of this process
-//! (`/proc/self/stat`) and of the whole machine (`/proc/stat`, which counts the kernel's I/O
-//! work and anything else running).
+//! (`/proc/self/stat`), of its `idemdb-apply` thread (`/proc/self/task`) and of the whole
+//! machine (`/proc/stat`, which counts the kernel's I/O work and anything else running); and
+//! how long a duplicate of a request completed a moment before takes to be answered with the
+//! stored response under that load (one duplicate a millisecond, each of its own key, so each
+//! is read from the file: a replay waits until the applier holds what was answered).
 //!
 //! `cargo bench --bench callers` (about 40 s). `IDEMDB_CALLERS_SECONDS` sets each round's
 //! length (default 5); the store is made anew in `IDEMDB_BENCH_DIR` (or
@@ -34,18 +37,26 @@ fn main() {
     let store = Store::open(&path).expect("open");
     let next = Arc::new(AtomicU64::new(0));
     println!(
-        "{:<28} {:>12} {:>16} {:>18}",
-        "callers (64 in flight)", "requests/s", "process CPU us/r", "machine CPU us/r"
+        "{:<28} {:>12} {:>16} {:>16} {:>18} {:>24}",
+        "callers (64 in flight)",
+        "requests/s",
+        "process CPU us/r",
+        "applier CPU us/r",
+        "machine CPU us/r",
+        "replay p50/p99/max us"
     );
     for _ in 0..ROUNDS {
         for way in [Way::Threads, Way::Tasks] {
             let row = measure(way, &store, &next, window);
+            let q = |f: f64| row.replays[((row.replays.len() - 1) as f64 * f) as usize];
             println!(
-                "{:<28} {:>12.0} {:>16.1} {:>18.1}",
+                "{:<28} {:>12.0} {:>16.1} {:>16.1} {:>18.1} {:>24}",
                 way.name(),
                 row.requests as f64 / row.wall,
                 row.process_cpu * 1e6 / row.requests as f64,
-                row.machine_cpu * 1e6 / row.requests as f64
+                row.applier_cpu * 1e6 / row.requests as f64,
+                row.machine_cpu * 1e6 / row.requests as f64,
+                format!("{}/{}/{}", q(0.5), q(0.99), q(1.0))
             );
         }
     }
@@ -74,13 +85,21 @@ struct Row {
     requests: u64,
     wall: f64,
     process_cpu: f64,
+    applier_cpu: f64,
     machine_cpu: f64,
+    /// The replay latencies of the duplicates, µs, sorted.
+    replays: Vec<u64>,
 }
 
 fn measure(way: Way, store: &Store, next: &Arc<AtomicU64>, window: Duration) -> Row {
     let stop = Arc::new(AtomicBool::new(false));
     let done = Arc::new(AtomicU64::new(0));
-    let (process0, machine0, started) = (process_cpu(), machine_busy(), Instant::now());
+    let (process0, applier0) = (process_cpu(), applier_cpu());
+    let (machine0, started) = (machine_busy(), Instant::now());
+    let duplicates = std::thread::spawn({
+        let (store, stop, next) = (store.clone(), stop.clone(), next.clone());
+        move || duplicates(&store, &stop, &next)
+    });
     match way {
         Way::Threads => std::thread::scope(|s| {
             for _ in 0..IN_FLIGHT {
@@ -135,12 +154,44 @@ fn measure(way: Way, store: &Store, next: &Arc<AtomicU64>, window: Duration) -> 
             });
         }
     }
+    let requests = done.load(Ordering::Relaxed);
+    let (wall, process_cpu, applier_cpu, machine_cpu) = (
+        started.elapsed().as_secs_f64(),
+        process_cpu() - process0,
+        applier_cpu() - applier0,
+        machine_busy() - machine0,
+    );
+    let mut replays = duplicates.join().expect("the duplicates' thread");
+    replays.sort_unstable();
     Row {
-        requests: done.load(Ordering::Relaxed),
-        wall: started.elapsed().as_secs_f64(),
-        process_cpu: process_cpu() - process0,
-        machine_cpu: machine_busy() - machine0,
+        requests,
+        wall,
+        process_cpu,
+        applier_cpu,
+        machine_cpu,
+        replays,
     }
+}
+
+/// Until `stop`: a request of a new key, claimed and completed, then timed, its duplicate,
+/// answered with the stored response; one a millisecond. Returns the duplicates' latencies.
+fn duplicates(store: &Store, stop: &AtomicBool, next: &AtomicU64) -> Vec<u64> {
+    let mut took = Vec::new();
+    while !stop.load(Ordering::Relaxed) {
+        let (scope, key) = request(next);
+        let Claim::Acquired(ticket) = store.claim(&scope, &key, fingerprint()).expect("claim")
+        else {
+            panic!("a new key is acquired");
+        };
+        store.complete(ticket, response()).expect("complete");
+        let started = Instant::now();
+        let Claim::Replay(_) = store.claim(&scope, &key, fingerprint()).expect("claim") else {
+            panic!("a completed key replays");
+        };
+        took.push(u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX));
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    took
 }
 
 fn request(next: &AtomicU64) -> (Scope, String) {
@@ -167,6 +218,24 @@ fn process_cpu() -> f64 {
     let fields: Vec<&str> = rest.split_whitespace().collect();
     let ticks = |i: usize| fields[i].parse::<f64>().expect("a tick count");
     (ticks(11) + ticks(12)) / clock_ticks()
+}
+
+/// User + system CPU seconds of this process's `idemdb-apply` thread (the store's one applier).
+fn applier_cpu() -> f64 {
+    let mut seconds = 0.0;
+    for task in std::fs::read_dir("/proc/self/task").expect("/proc/self/task") {
+        let task = task.expect("a task").path();
+        let comm = std::fs::read_to_string(task.join("comm")).unwrap_or_default();
+        if comm.trim() != "idemdb-apply" {
+            continue;
+        }
+        let stat = std::fs::read_to_string(task.join("stat")).unwrap_or_default();
+        let Some(end) = stat.rfind(')') else { continue };
+        let fields: Vec<&str> = stat[end + 2..].split_whitespace().collect();
+        let ticks = |i: usize| fields[i].parse::<f64>().expect("a tick count");
+        seconds += (ticks(11) + ticks(12)) / clock_ticks();
+    }
+    seconds
 }
 
 /// Busy CPU seconds of the whole machine (every state but idle and iowait).

@@ -33,6 +33,12 @@ pub(crate) enum Op {
         /// claim a completion completes), deleted in the same transaction so no crash can leave
         /// the key with neither.
         replaces: Option<Gone>,
+        /// The first write of `fence` ever (a new claim's, or a completion's own): the file
+        /// holds nothing at `fence` before it. A later op of the same transaction that deletes
+        /// it then finds nothing to delete, and skips both tables' B-tree descents (see
+        /// [`moot`]). False where unknown: the journal does not record it, so a replayed op
+        /// always deletes.
+        fresh: bool,
     },
     /// Deletes a record (release, reap, purge).
     Delete(Gone),
@@ -114,14 +120,14 @@ pub(crate) fn write_batch(
         Commit::Durable => {}
     }
     let mut high_fence = 0;
-    let overwritten = overwritten(ops);
+    let moot = moot(ops);
     let counted;
     {
         let mut records = txn.open_table(RECORDS)?;
         let mut heads = txn.open_table(HEADS)?;
         let count_before = records.len()?;
         for (i, op) in ops.iter().enumerate() {
-            if overwritten.get(i).copied().unwrap_or(false) {
+            if moot.skip(i) {
                 if let Op::Put { fence, .. } = op {
                     high_fence = high_fence.max(*fence);
                 }
@@ -134,8 +140,8 @@ pub(crate) fn write_batch(
                     replaces,
                     ..
                 } => {
-                    if let Some(gone) = replaces {
-                        bytes -= delete(&mut records, &mut heads, gone)?;
+                    if let Some(gone) = replaces.filter(|_| !moot.nothing_replaced(i)) {
+                        bytes -= delete(&mut records, &mut heads, &gone)?;
                     }
                     heads.insert(*fence, head_of(&file.hashing, *fence, value)?)?;
                     if let Some(old) = records.insert(*fence, value.as_slice())? {
@@ -181,46 +187,83 @@ pub(crate) fn write_batch(
     Ok(bytes)
 }
 
-/// Which of `ops` a later op in the same transaction makes moot: a put of a new claim (no
-/// expiry, nothing replaced) followed by another put at its fence (an extension), by a put
-/// that replaces it (its completion) or by its deletion (its release). Skipping it leaves the
-/// same tables and the same byte count, and saves a record and a head insert per request when
-/// the applier takes a claim and its completion in one transaction. Empty (nothing skipped) for
-/// a batch of one op.
-pub(super) fn overwritten(ops: &[Op]) -> Vec<bool> {
+/// What a transaction of `ops` may skip: the puts a later op in it makes moot, and the
+/// deletions of records it never wrote.
+///
+/// A put of a claim (no expiry, nothing replaced) is moot when a later op of the transaction
+/// writes its fence again (an extension), replaces it (its completion) or deletes it (its
+/// release): skipping it saves a record and a head insert per request when the applier takes a
+/// claim and its completion in one transaction. If the first write of that fence in the
+/// transaction was a [fresh](Op::Put::fresh) one, the file held nothing there before, so the
+/// replacing put's deletion (or the release) has nothing to delete either, and is skipped too.
+/// Skipping leaves the same tables and the same byte count.
+pub(super) fn moot(ops: &[Op]) -> Moot {
+    let mut moot = Moot::default();
     if ops.len() < 2 {
-        return Vec::new();
+        return moot;
     }
-    let mut moot = vec![false; ops.len()];
-    let mut plain: std::collections::HashMap<u64, usize> =
+    moot.skip = vec![false; ops.len()];
+    moot.replaced = vec![false; ops.len()];
+    // The fences of the claims not yet moot: the latest put's index, and whether the
+    // transaction's first write of the fence was fresh.
+    let mut plain: std::collections::HashMap<u64, (usize, bool)> =
         std::collections::HashMap::with_capacity(ops.len());
     for (i, op) in ops.iter().enumerate() {
         let fence = match op {
             Op::Put { fence, .. } | Op::Delete(Gone { fence }) => *fence,
         };
-        if let Some(earlier) = plain.remove(&fence) {
-            moot[earlier] = true;
+        let earlier = plain.remove(&fence);
+        if let Some((earlier, _)) = earlier {
+            moot.skip[earlier] = true;
         }
         match op {
             Op::Put {
                 replaces: Some(gone),
                 ..
             } => {
-                if let Some(earlier) = plain.remove(&gone.fence) {
-                    moot[earlier] = true;
+                if let Some((earlier, fresh)) = plain.remove(&gone.fence) {
+                    moot.skip[earlier] = true;
+                    moot.replaced[i] = fresh;
                 }
             }
             Op::Put {
                 expiry: None,
                 replaces: None,
+                fresh,
                 ..
             } => {
-                plain.insert(fence, i);
+                let fresh = earlier.map_or(*fresh, |(_, first)| first);
+                plain.insert(fence, (i, fresh));
             }
-            _ => {}
+            Op::Delete(_) => {
+                // A release of a claim written fresh in this transaction: nothing to delete.
+                if earlier.is_some_and(|(_, fresh)| fresh) {
+                    moot.skip[i] = true;
+                }
+            }
+            Op::Put { .. } => {}
         }
     }
     moot
+}
+
+/// What [`moot`] found; empty (nothing skipped) for a batch of one op.
+#[derive(Debug, Default)]
+pub(super) struct Moot {
+    /// The ops to skip whole: puts overwritten, deletions of records never written.
+    skip: Vec<bool>,
+    /// The puts whose replaced record was never written.
+    replaced: Vec<bool>,
+}
+
+impl Moot {
+    fn skip(&self, i: usize) -> bool {
+        self.skip.get(i).copied().unwrap_or(false)
+    }
+
+    fn nothing_replaced(&self, i: usize) -> bool {
+        self.replaced.get(i).copied().unwrap_or(false)
+    }
 }
 
 /// The head of the record `value` stored at `fence`, whose checksum and place it verifies.
@@ -288,12 +331,37 @@ mod tests {
         crate::model::scope::scoped_key(&scope, &format!("k{fence}")).unwrap()
     }
 
+    /// A claim (written fresh), or a completion in place (a resolver's: its fence written
+    /// before).
     fn put(fence: u64, completed: bool, replaces: Option<Gone>) -> Op {
         Op::Put {
             fence,
             value: value(fence, completed),
             expiry: completed.then_some(100 + fence),
             replaces,
+            fresh: !completed,
+        }
+    }
+
+    /// A claim's lease extended: its fence written before.
+    fn extension(fence: u64) -> Op {
+        Op::Put {
+            fence,
+            value: value(fence, false),
+            expiry: None,
+            replaces: None,
+            fresh: false,
+        }
+    }
+
+    /// The completion of the claim `claim`, stored apart at `place`.
+    fn apart(claim: u64, place: u64) -> Op {
+        Op::Put {
+            fence: place,
+            value: value_at(claim, place, true),
+            expiry: Some(100 + claim),
+            replaces: Some(Gone { fence: claim }),
+            fresh: true,
         }
     }
 
@@ -310,18 +378,11 @@ mod tests {
             put(4, true, None),
             put(5, false, None),
             put(6, false, None),
-            Op::Put {
-                fence: 7,
-                value: value_at(6, 7, true),
-                expiry: Some(106),
-                replaces: Some(gone(6)),
-            },
-            Op::Put {
-                fence: 8,
-                value: value_at(5, 8, true),
-                expiry: Some(105),
-                replaces: Some(gone(5)),
-            },
+            apart(6, 7),
+            apart(5, 8),
+            put(9, false, None),
+            extension(9),
+            apart(9, 10),
         ]
     }
 
@@ -352,16 +413,31 @@ mod tests {
     }
 
     /// One transaction that skips the puts its later ops overwrite (a claim and its completion,
-    /// a claim and its release) leaves exactly the tables and byte count that the ops leave one
-    /// transaction each, and reserves every fence.
+    /// a claim and its release) and the deletions of what it never wrote leaves exactly the
+    /// tables and byte count that the ops leave one transaction each, and reserves every fence.
     #[test]
     fn a_batch_that_skips_overwritten_puts_leaves_what_the_ops_leave_one_by_one() {
         let ops = ops();
+        let moot = moot(&ops);
+        let skip: Vec<bool> = (0..ops.len()).map(|i| moot.skip(i)).collect();
+        let replaced: Vec<usize> = (0..ops.len())
+            .filter(|&i| moot.nothing_replaced(i))
+            .collect();
         assert_eq!(
-            overwritten(&ops),
-            [true, true, false, true, false, false, false, true, true, false, false],
-            "the claims of 1, 2, 3, 5 and 6 are moot (completed, released, taken over); 4's \
-             first put replaces 3, and is kept"
+            skip,
+            [
+                true, true, false, true, true, false, false, true, true, false, false, true, true,
+                false
+            ],
+            "the claims of 1, 2, 3, 5, 6 and 9 are moot (completed, released, taken over, \
+             extended); so is 2's release, of a claim written fresh in the batch; 4's first put \
+             replaces 3, and is kept"
+        );
+        assert_eq!(
+            replaced,
+            [5, 9, 10, 13],
+            "the takeover of 3 and the completions of 5, 6 and 9 replace claims first written \
+             in the batch"
         );
         let secret = SipKey::random();
         let (together, mut file_together) = fresh(secret);
@@ -373,7 +449,38 @@ mod tests {
         }
         assert_eq!(bytes_together.unwrap(), bytes_apart);
         // The skipped puts' fences are reserved all the same.
-        assert!(file_together.reserved >= 8 && file_apart.reserved >= 8);
+        assert!(file_together.reserved >= 10 && file_apart.reserved >= 10);
         assert_eq!(tables(&together), tables(&apart));
+    }
+
+    /// A completion skips deleting its claim only when the claim's record was first written in
+    /// the same transaction. A claim written by an earlier transaction and extended in this one
+    /// (an extension is not fresh) is deleted all the same: skipping it would leave the key two
+    /// records, the claim's and the completion's.
+    #[test]
+    fn a_claim_written_before_the_transaction_is_deleted_though_its_extension_is_moot() {
+        let (db, mut file) = fresh(SipKey::random());
+        write_batch(&db, &[put(1, false, None)], &mut file, Commit::Durable).unwrap();
+        let batch = [extension(1), apart(1, 2)];
+        let moot = moot(&batch);
+        assert!(moot.skip(0), "the extension is overwritten");
+        assert!(!moot.nothing_replaced(1), "the claim is in the file");
+        write_batch(&db, &batch, &mut file, Commit::Durable).unwrap();
+        let txn = db.begin_read().unwrap();
+        let records: Vec<u64> = txn
+            .open_table(RECORDS)
+            .unwrap()
+            .iter()
+            .unwrap()
+            .map(|entry| entry.unwrap().0.value())
+            .collect();
+        let heads: Vec<u64> = txn
+            .open_table(HEADS)
+            .unwrap()
+            .iter()
+            .unwrap()
+            .map(|entry| entry.unwrap().0.value())
+            .collect();
+        assert_eq!((records, heads), (vec![2], vec![2]));
     }
 }

@@ -173,6 +173,7 @@ impl FileStore {
                         value: completed.encode(&key.bytes, self.inner.config.packing()),
                         expiry: Some(expires_at),
                         replaces: None,
+                        fresh: false,
                     },
                     Some(SlotState::Completed {
                         expires_at,

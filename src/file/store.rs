@@ -284,6 +284,8 @@ impl FileStore {
             value,
             expiry: None,
             replaces,
+            // Just drawn: above every fence the file holds (see `Op::Put::fresh`).
+            fresh: true,
         });
         let seq = match queued {
             Ok(seq) => seq,
@@ -515,6 +517,7 @@ impl FileStore {
                     value: packed.encode_at(place, ticket.key()),
                     expiry: Some(expires_at),
                     replaces: Some(Gone::of(slot)),
+                    fresh: true,
                 };
                 (op, place)
             })?;
@@ -614,6 +617,8 @@ impl FileStore {
                 value: record.encode(ticket.key(), Packing::Plain),
                 expiry: None,
                 replaces: None,
+                // The claim's fence, written before.
+                fresh: false,
             })?;
             slot.set_state(SlotState::InProgress {
                 lease_until,

@@ -1448,3 +1448,75 @@ fn a_key_reclaimed_between_a_purges_scan_and_its_delete_keeps_its_new_claim() {
     let claim = reopened.claim(&scope(), "again", fp()).unwrap();
     assert!(matches!(claim, Claim::InProgress { .. }), "{claim:?}");
 }
+
+/// The applier waits out its pace (`APPLY_PACE`) between transactions only while nobody needs
+/// what it holds back. With the pace an hour long, a replay (a read of the file), a checkpoint
+/// (a full journal) and a close must each still get the backlog applied at once: each of them
+/// waiting out the pace would hang here, which the deadlines catch.
+#[test]
+fn a_read_a_checkpoint_and_a_close_do_not_wait_out_the_applier_pace() {
+    use std::sync::mpsc;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.idem");
+    let store = StoreBuilder::default()
+        .journal_size(4096)
+        .open(&path)
+        .unwrap();
+    #[allow(irrefutable_let_patterns)]
+    let crate::engine::Engine::File(healing) = &store.engine
+    else {
+        unreachable!("a store on a file is a file engine")
+    };
+    healing
+        .current()
+        .inner
+        .pipeline
+        .set_apply_pace(std::time::Duration::from_secs(3600));
+    let deadline = std::time::Duration::from_secs(60);
+    let within = |what: &str, work: Box<dyn FnOnce() + Send>| {
+        let (done, finished) = mpsc::channel();
+        std::thread::spawn(move || {
+            work();
+            let _ = done.send(());
+        });
+        assert!(
+            finished.recv_timeout(deadline).is_ok(),
+            "{what} waited for the applier's pace"
+        );
+    };
+    let response = Response::new(201, "paid");
+    for i in 0..3 {
+        let ticket = acquire(&store, &format!("paid{i}"));
+        store.complete(ticket, response.clone()).unwrap();
+    }
+    within("a replay", {
+        let store = store.clone();
+        let response = response.clone();
+        Box::new(move || match store.claim(&scope(), "paid1", fp()) {
+            Ok(Claim::Replay(r)) => assert_eq!(r, response),
+            other => panic!("expected the stored response, got {other:?}"),
+        })
+    });
+    within("claims that fill the journal", {
+        let store = store.clone();
+        Box::new(move || {
+            for i in 0..60 {
+                std::mem::forget(acquire(&store, &format!("k{i}")));
+            }
+        })
+    });
+    let file = healing.current();
+    assert!(
+        file.inner.pipeline.checkpoints() >= 1,
+        "the journal never filled"
+    );
+    drop(file);
+    let ticket = acquire(&store, "last");
+    store.complete(ticket, response.clone()).unwrap();
+    within("a close", Box::new(move || drop(store)));
+    let reopened = Store::open(&path).unwrap();
+    match reopened.claim(&scope(), "last", fp()).unwrap() {
+        Claim::Replay(r) => assert_eq!(r, response),
+        other => panic!("expected the stored response, got {other:?}"),
+    }
+}

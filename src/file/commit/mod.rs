@@ -41,7 +41,7 @@ mod leader;
 
 use crate::error::{Error, Result};
 use crate::file::batch::{FileState, Op};
-use crate::file::commit::applier::APPLIER_NAME;
+use crate::file::commit::applier::{APPLIER_NAME, APPLY_PACE};
 use crate::file::commit::flusher::FlushSignal;
 use crate::file::commit::leader::Writer;
 use crate::file::journal::Journal;
@@ -150,6 +150,10 @@ struct Applying {
     idle: bool,
     /// The applier exits once `backlog` is empty.
     exit: bool,
+    /// A reader or a checkpoint waits for the backlog to be applied: apply it now.
+    wanted: bool,
+    /// [`APPLY_PACE`], or what a test sets.
+    pace: std::time::Duration,
 }
 
 /// A batch the journal holds and redb does not yet.
@@ -220,6 +224,8 @@ impl Pipeline {
                 busy: false,
                 idle: true,
                 exit: false,
+                wanted: false,
+                pace: APPLY_PACE,
             }),
             done: [Condvar::new(), Condvar::new()],
             applied_signal: Condvar::new(),
@@ -353,6 +359,12 @@ impl Shared {
         self.record_bytes
             .load(Ordering::Relaxed)
             .saturating_add(pending)
+    }
+
+    /// Sets the applier's pace ([`APPLY_PACE`]), for tests that make it long.
+    #[cfg(test)]
+    pub(crate) fn set_apply_pace(&self, pace: std::time::Duration) {
+        self.apply.lock().pace = pace;
     }
 
     pub(crate) fn checkpoints(&self) -> u64 {

@@ -548,6 +548,8 @@ fn encode_ops(ops: &[Op], out: &mut Vec<u8>) {
                 value,
                 expiry,
                 replaces,
+                // Not recorded: a replayed op deletes what it replaces, found or not.
+                fresh: _,
             } => {
                 out.push(PUT);
                 out.extend_from_slice(&fence.to_le_bytes());
@@ -635,6 +637,7 @@ fn decode_ops(payload: &[u8], ops: &mut Vec<Op>) -> Result<(), String> {
                     value,
                     expiry,
                     replaces,
+                    fresh: false,
                 }
             }
             DELETE => Op::Delete(r.gone()?),
@@ -664,6 +667,8 @@ mod tests {
                         value: vec![u8::try_from(i % 256).unwrap(); usize::try_from(i).unwrap()],
                         expiry: (i % 2 == 0).then_some(i + 1),
                         replaces: (i % 4 == 1).then(|| Gone { fence: i - 1 }),
+                        // What a replay decodes: the journal does not record it.
+                        fresh: false,
                     }
                 }
             })
@@ -925,6 +930,7 @@ mod tests {
             value: vec![0; 5000],
             expiry: None,
             replaces: None,
+            fresh: true,
         }];
         let events = disk.events();
         assert_eq!(j.append(&big).unwrap(), Appended::Full);
@@ -979,6 +985,7 @@ mod tests {
                 value,
                 expiry: Some(1_000),
                 replaces: Some(Gone { fence: 3 }),
+                fresh: false,
             },
             Op::Delete(Gone { fence: 5 }),
         ];

@@ -30,7 +30,7 @@ pub(super) fn decode_head(body: &[u8]) -> Result<Head, DecodeFailure> {
 /// build reads.
 #[cfg(test)]
 pub(crate) fn encode(record: &Record, scoped_key: &[u8]) -> Vec<u8> {
-    let mut out = super::frame_start(FORMAT, scoped_key);
+    let mut out = super::frame_start(FORMAT, scoped_key, 0);
     bincode::encode_into_std_write(record, &mut out, CONFIG)
         .expect("encoding into a Vec cannot fail");
     super::frame_end(out)

@@ -157,14 +157,30 @@ enum StateHead {
     },
 }
 
-/// A completed record's response packed as [`Packing`] asks, before the record is encoded:
-/// `None` for a record in progress, or one whose response is written as it is.
+/// A completed record's response encoded, and compressed if [`Packing`] asks and that pays,
+/// before the record is encoded: `None` for a record in progress. Encoding the record is then a
+/// copy of these bytes, not an encoding of the response's fields (a completion is encoded under
+/// the commit queue's lock).
 pub(crate) struct PackedResponse(Option<Compressed>);
+
+impl PackedResponse {
+    /// The bytes the response takes in the record, within a few (the lz4 block's length).
+    pub(super) fn len(&self) -> usize {
+        match &self.0 {
+            None => 0,
+            Some(Compressed::No(encoded)) => encoded.len(),
+            Some(Compressed::Lz4 { packed, .. }) => packed.len() + 10,
+        }
+    }
+}
 
 pub(super) fn pack(record: &Record, packing: Packing) -> PackedResponse {
     PackedResponse(match (&record.state, packing) {
         (RecordState::Completed { response, .. }, Packing::Lz4) => Some(compress(response)),
-        _ => None,
+        (RecordState::Completed { response, .. }, Packing::Plain) => Some(Compressed::No(
+            bincode::encode_to_vec(response, CONFIG).expect("encoding into a Vec cannot fail"),
+        )),
+        (RecordState::InProgress { .. }, _) => None,
     })
 }
 
@@ -524,7 +540,7 @@ mod damage {
                     },
                 },
             };
-            let mut value = frame_start(FORMAT, b"k");
+            let mut value = frame_start(FORMAT, b"k", 0);
             bincode::encode_into_std_write(body, &mut value, CONFIG).unwrap();
             let value = frame_end(value);
             match Record::decode(&value) {
@@ -559,7 +575,7 @@ mod damage {
                     response: ResponseRef::Plain(Fields::Response(&response)),
                 },
             };
-            let mut value = frame_start(FORMAT, b"k");
+            let mut value = frame_start(FORMAT, b"k", 0);
             bincode::encode_into_std_write(body, &mut value, CONFIG).unwrap();
             let value = frame_end(value);
             match Record::decode(&value) {

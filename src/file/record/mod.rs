@@ -246,16 +246,19 @@ impl PackedRecord<'_> {
     /// The stored value of the record at fence `place`: its claim's fence, or for a completed
     /// record a later one of its own (store format 7 on), which the value then names.
     pub(crate) fn encode_at(&self, place: u64, scoped_key: &[u8]) -> Vec<u8> {
-        let mut out = frame_start(RECORD_FORMAT, scoped_key);
+        let mut out = frame_start(RECORD_FORMAT, scoped_key, self.response.len());
         format2::encode_body(self.record, &self.response, place, &mut out);
         frame_end(out)
     }
 }
 
-/// The format byte and the scoped key with its length: every format's first bytes.
-fn frame_start(format: u8, scoped_key: &[u8]) -> Vec<u8> {
+/// The format byte and the scoped key with its length: every format's first bytes. `response`
+/// is the length of the response's encoding to follow, so the value is allocated once.
+fn frame_start(format: u8, scoped_key: &[u8], response: usize) -> Vec<u8> {
     let len = u16::try_from(scoped_key.len()).expect("scoped keys are bounded");
-    let mut out = Vec::with_capacity(128 + scoped_key.len());
+    // Framing, fence, fingerprint, claim time, the state's variant and its varints, checksum.
+    const FIXED: usize = 3 + 10 + 32 + 8 + 1 + 4 * 10 + 4;
+    let mut out = Vec::with_capacity(FIXED + scoped_key.len() + response);
     out.push(format);
     out.extend_from_slice(&len.to_le_bytes());
     out.extend_from_slice(scoped_key);
