@@ -25,9 +25,10 @@ pub(super) const APPLY_DELAY: std::time::Duration = std::time::Duration::from_mi
 /// checkpoint or a close waits for it, or the backlog reaches [`MAX_BACKLOG`]. A claim's batch
 /// and its completion's, a millisecond or two apart under load, then mostly fall in one
 /// transaction: the claim's put and the completion's deletion of it are both skipped
-/// (`batch::moot`), and the completion is the only write. Measured (64 threads, claim +
-/// complete, 256-byte responses): the applier's CPU per request 6.4-7.4 µs, against 8.9-11.1
-/// µs applying as soon as it could (`docs/performance.md`).
+/// (`batch::moot`), and the completion is the only write. Measured (`cargo bench --bench
+/// callers`, 64 threads, claim + complete): the applier's CPU per request 5.2-6.3 µs, against
+/// 9.9-14.3 µs applying as soon as it could; with a 2 ms pace, 7.5-9.3 µs
+/// (`docs/performance.md`).
 pub(super) const APPLY_PACE: std::time::Duration = std::time::Duration::from_millis(5);
 
 /// The applier is woken, whatever it is doing, once the backlog holds this many batches.
