@@ -48,7 +48,12 @@ fn main() {
     for _ in 0..ROUNDS {
         for way in [Way::Threads, Way::Tasks] {
             let row = measure(way, &store, &next, window);
-            let q = |f: f64| row.replays[((row.replays.len() - 1) as f64 * f) as usize];
+            let q = |per_mille: usize| {
+                let last = row.replays.len().saturating_sub(1);
+                row.replays
+                    .get(last * per_mille / 1000)
+                    .map_or_else(|| "-".to_owned(), u64::to_string)
+            };
             println!(
                 "{:<28} {:>12.0} {:>16.1} {:>16.1} {:>18.1} {:>24}",
                 way.name(),
@@ -56,7 +61,7 @@ fn main() {
                 row.process_cpu * 1e6 / row.requests as f64,
                 row.applier_cpu * 1e6 / row.requests as f64,
                 row.machine_cpu * 1e6 / row.requests as f64,
-                format!("{}/{}/{}", q(0.5), q(0.99), q(1.0))
+                format!("{}/{}/{}", q(500), q(990), q(1000))
             );
         }
     }
