@@ -218,11 +218,7 @@ fn response() -> Response {
 /// This process's user + system CPU seconds.
 fn process_cpu() -> f64 {
     let stat = std::fs::read_to_string("/proc/self/stat").expect("/proc/self/stat");
-    // Fields after the command name, which is in parentheses and may hold spaces.
-    let rest = &stat[stat.rfind(')').expect("comm") + 2..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| fields[i].parse::<f64>().expect("a tick count");
-    (ticks(11) + ticks(12)) / clock_ticks()
+    stat_cpu(&stat).expect("/proc/self/stat has its CPU times")
 }
 
 /// User + system CPU seconds of this process's `idemdb-apply` thread (the store's one applier).
@@ -234,13 +230,20 @@ fn applier_cpu() -> f64 {
         if comm.trim() != "idemdb-apply" {
             continue;
         }
+        // A thread that exited meanwhile has no stat left to read.
         let stat = std::fs::read_to_string(task.join("stat")).unwrap_or_default();
-        let Some(end) = stat.rfind(')') else { continue };
-        let fields: Vec<&str> = stat[end + 2..].split_whitespace().collect();
-        let ticks = |i: usize| fields[i].parse::<f64>().expect("a tick count");
-        seconds += (ticks(11) + ticks(12)) / clock_ticks();
+        seconds += stat_cpu(&stat).unwrap_or(0.0);
     }
     seconds
+}
+
+/// The user + system CPU seconds in a `stat` line of `/proc` (a process's or a thread's).
+fn stat_cpu(stat: &str) -> Option<f64> {
+    // Fields after the command name, which is in parentheses and may hold spaces.
+    let rest = stat.get(stat.rfind(')')? + 2..)?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i)?.parse::<f64>().ok();
+    Some((ticks(11)? + ticks(12)?) / clock_ticks())
 }
 
 /// Busy CPU seconds of the whole machine (every state but idle and iowait).

@@ -453,18 +453,27 @@ mod tests {
         assert_eq!(tables(&together), tables(&apart));
     }
 
-    /// A completion skips deleting its claim only when the claim's record was first written in
-    /// the same transaction. A claim written by an earlier transaction and extended in this one
-    /// (an extension is not fresh) is deleted all the same: skipping it would leave the key two
-    /// records, the claim's and the completion's.
+    /// A completion or a release skips deleting its claim only when the claim's record was
+    /// first written in the same transaction. A claim written by an earlier transaction and
+    /// extended in this one (an extension is not fresh) is deleted all the same: skipping it
+    /// would leave the key two records, the claim's and the completion's, or keep a released
+    /// claim.
     #[test]
     fn a_claim_written_before_the_transaction_is_deleted_though_its_extension_is_moot() {
         let (db, mut file) = fresh(SipKey::random());
-        write_batch(&db, &[put(1, false, None)], &mut file, Commit::Durable).unwrap();
-        let batch = [extension(1), apart(1, 2)];
+        let claims = [put(1, false, None), put(3, false, None)];
+        write_batch(&db, &claims, &mut file, Commit::Durable).unwrap();
+        let batch = [
+            extension(1),
+            apart(1, 2),
+            extension(3),
+            Op::Delete(Gone { fence: 3 }),
+        ];
         let moot = moot(&batch);
         assert!(moot.skip(0), "the extension is overwritten");
         assert!(!moot.nothing_replaced(1), "the claim is in the file");
+        assert!(moot.skip(2), "the extension is released");
+        assert!(!moot.skip(3), "the released claim is in the file");
         write_batch(&db, &batch, &mut file, Commit::Durable).unwrap();
         let rows: Vec<String> = tables(&db)
             .iter()
